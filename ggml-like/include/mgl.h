@@ -1,0 +1,305 @@
+// mgl — the minids graph library: tensors, a recorded op graph, and backends that execute it.
+//
+// This header is the manual. mgl is ggml-shaped but smaller: a tensor is a plain struct (dtype,
+// shape, strides, op, sources, data, name); an op constructor only *records* the op; a backend
+// executes a finished graph with one switch over ops and says what it supports via supports_op.
+//
+// Conventions, settled once:
+//   * Shapes are written OUTERMOST FIRST, row-major, exactly like PyTorch. A tensor of shape
+//     [T, H, D] has D contiguous (stride[2] == element size for a contiguous tensor).
+//     There is no hidden reversed dimension order anywhere in mgl.
+//   * Strides are in BYTES, one per dimension, same order as the shape.
+//   * A linear weight is stored [out, in] exactly as in the checkpoint, and matmul computes
+//     y = x · Wᵀ:  x [..., M, K], W [..., N, K]  ->  y [..., M, N].
+//   * Compute is FP32. Weights may be F32, BF16, or F8_E4M3 with one F32 scale per output row
+//     (W_real[n, k] = e4m3_to_f32(W[n, k]) * scale[n]).
+//   * Every op output is F32 unless documented otherwise (moe_topk gives I32).
+//
+// Worked example (y = rms_norm(x) · Wᵀ on the CPU):
+//
+//     mgl::context ctx;                                     // owns tensor structs, not data
+//     mgl::tensor* x = ctx.new_tensor(mgl::dtype::f32, {4, 64}, "x");
+//     mgl::tensor* w = ctx.new_tensor(mgl::dtype::bf16, {32, 64}, "w");
+//     mgl::tensor* g = ctx.new_tensor(mgl::dtype::f32, {64}, "norm.weight");
+//     w->data = mapped_weight_bytes;  g->data = ...;        // leaves point at caller memory
+//     mgl::tensor* y = mgl::matmul(ctx, mgl::rms_norm(ctx, x, g, 1e-6f), w);
+//     y->name = "y";
+//     auto be = mgl::make_cpu_backend(/*n_threads=*/0);     // 0 = physical cores
+//     mgl::graph gr = mgl::build_graph(ctx, {y});           // topological order
+//     mgl::buffer_ptr inputs = be->alloc_buffer(mgl::nbytes(*x));
+//     mgl::bind(*x, *inputs, 0);  be->upload(*x, host_x, 0, mgl::nbytes(*x));
+//     be->allocate(gr);   // places intermediates in one arena, reusing dead buffers
+//     be->compute(gr);  be->synchronize();
+//     be->download(*y, host_y, 0, mgl::nbytes(*y));
+//
+// Views (view, reshape, permute, transpose, slice) never copy: they are nodes with op::view that
+// alias their source's memory at an offset with new shape/strides. contiguous() copies.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mgl {
+
+// ---------------------------------------------------------------------------------------------
+// dtypes and scalar conversions
+// ---------------------------------------------------------------------------------------------
+enum class dtype : uint8_t { f32, f16, bf16, f8_e4m3, i32 };
+
+size_t dtype_size(dtype t);          // bytes per element
+const char* dtype_name(dtype t);     // "f32", "f16", "bf16", "f8_e4m3", "i32"
+bool dtype_from_name(const std::string& name, dtype& out);  // false if unknown
+
+// BF16: round to nearest, ties to even; NaN stays NaN (quiet).
+uint16_t f32_to_bf16(float f);
+float bf16_to_f32(uint16_t h);
+// IEEE half.
+uint16_t f32_to_f16(float f);
+float f16_to_f32(uint16_t h);
+// FP8 E4M3 per the OCP FP8 spec (bias 7, no infinities, 0x7F/0xFF are NaN, max finite 448):
+// round to nearest even, saturate to ±448, NaN stays NaN.
+uint8_t f32_to_e4m3(float f);
+float e4m3_to_f32(uint8_t v);
+constexpr float e4m3_max = 448.0f;
+
+// Convert n elements of `src_type` to f32 (used by get_rows, matmul reference paths, tests).
+void to_f32(dtype src_type, const void* src, float* dst, size_t n);
+
+// ---------------------------------------------------------------------------------------------
+// ops
+// ---------------------------------------------------------------------------------------------
+enum class op : uint8_t {
+    none,         // leaf: data provided by the caller (weights, inputs, KV pages)
+    view,         // alias of src[0] at view_offset with this tensor's shape/strides
+    get_rows,     // embedding lookup
+    matmul,       // y = x · Wᵀ (W f32/bf16/f8_e4m3 + per-row scale)
+    add,          // a + b, b broadcast over a's outer dims
+    mul,          // a * b, same broadcasting
+    scale,        // a * s
+    rms_norm,     // w * x / sqrt(mean(x²) + eps) over the innermost dim
+    rope,         // interleaved-pair rotary embedding (YaRN table)
+    softmax,      // softmax over innermost dim, optional scale / causal mask with offset
+    swiglu,       // silu(a) * b
+    moe_topk,     // expert selection (greedy / group-limited greedy) -> I32 ids
+    moe_weights,  // routing weights for selected ids
+    moe_experts,  // Σ_k w_k · Expert_{id_k}(x)   (SwiGLU experts, weights via expert_set)
+    kv_store,     // write c and k_pe into paged latent cache
+    mla_attn,     // absorbed MLA attention over paged latent cache
+    cpy,          // copy/convert src[0] into dst layout (src[1]), returns src[1]'s alias
+    contiguous,   // copy into a fresh contiguous f32 tensor
+    concat,       // concatenate along a dim
+    count
+};
+const char* op_name(op o);
+
+constexpr int max_dims = 4;
+constexpr int max_srcs = 5;
+
+// RoPE parameters, computed once from the model config (see rope_params_yarn / rope_params_plain).
+struct rope_params {
+    int n_dims = 0;                   // rotary dims d (pairs = d/2), the innermost dim of x
+    std::vector<float> inv_freq;      // d/2 inverse frequencies
+    float attn_factor = 1.0f;         // cos and sin are multiplied by this (YaRN mscale ratio)
+};
+// Plain RoPE: inv_freq[i] = base^(-2i/d), attn_factor 1.
+rope_params rope_params_plain(int n_dims, float base);
+// DeepSeek's YaRN (DESIGN.md): ramp between interpolated and extrapolated frequencies,
+// attn_factor = mscale(factor, mscale) / mscale(factor, mscale_all_dim).
+rope_params rope_params_yarn(int n_dims, float base, float factor, int original_max_pos,
+                             float beta_fast, float beta_slow, float mscale, float mscale_all_dim);
+// mscale(s, m) = 1 if s <= 1 else 0.1·m·ln(s) + 1
+float yarn_mscale(float scale, float m);
+
+enum class topk_method : uint8_t { greedy, group_limited_greedy };
+struct moe_route_params {
+    int k = 1;                      // experts per token
+    topk_method method = topk_method::greedy;
+    int n_group = 1;                // group-limited: experts split into n_group equal groups,
+    int topk_group = 1;             // score = group max; keep best topk_group groups
+    bool norm_topk_prob = false;    // if true and k > 1: w = s_k / Σ s_k
+    float routed_scaling_factor = 1.0f;  // otherwise: w = s_k · routed_scaling_factor
+};
+
+// A set of routed experts of one layer. Each expert is SwiGLU: down(silu(gate(x)) * up(x)),
+// gate/up [n_ff, n_embd], down [n_embd, n_ff]. Pointers are per expert, so the experts can live
+// anywhere (an mmapped file, a GPU expert cache slot). Scales are F32 per output row when
+// type == f8_e4m3 and null otherwise.
+struct expert_weights {
+    const void* gate = nullptr;
+    const void* up = nullptr;
+    const void* down = nullptr;
+    const float* gate_scale = nullptr;  // [n_ff]
+    const float* up_scale = nullptr;    // [n_ff]
+    const float* down_scale = nullptr;  // [n_embd]
+};
+struct expert_set {
+    dtype type = dtype::bf16;          // f32, bf16 or f8_e4m3
+    int64_t n_embd = 0;
+    int64_t n_ff = 0;
+    std::vector<expert_weights> experts;  // indexed by expert id
+};
+
+struct buffer;
+
+struct tensor {
+    dtype type = dtype::f32;
+    int n_dims = 0;
+    std::array<int64_t, max_dims> shape{};   // outermost first; unused dims are 1
+    std::array<int64_t, max_dims> stride{};  // bytes, same order as shape
+    op op_kind = op::none;
+    std::array<tensor*, max_srcs> src{};
+    // Op parameters (only the fields the op uses are meaningful).
+    std::array<int32_t, 8> iparams{};
+    std::array<float, 8> fparams{};
+    std::shared_ptr<const rope_params> rope;     // op::rope
+    std::shared_ptr<const expert_set> experts;   // op::moe_experts
+    size_t view_offset = 0;                      // op::view: byte offset into src[0]
+    void* data = nullptr;      // resolved address (host or device, per the owning backend)
+    buffer* buf = nullptr;     // owning buffer, or null for caller memory
+    std::string name;
+
+    int64_t nelements() const;
+    bool is_contiguous() const;
+    int64_t dim(int i) const { return shape[size_t(i)]; }
+};
+
+size_t nbytes(const tensor& t);  // bytes spanned by a contiguous tensor of t's shape/dtype
+std::string shape_str(const tensor& t);  // "[4, 64]"
+
+// Owns tensor structs (not their data). Pointers stay valid for the context's lifetime.
+class context {
+public:
+    tensor* new_tensor(dtype type, std::initializer_list<int64_t> shape, std::string name = {});
+    tensor* new_tensor(dtype type, std::span<const int64_t> shape, std::string name = {});
+    tensor* new_node(op o, dtype type, std::span<const int64_t> shape);  // contiguous strides
+    size_t size() const { return tensors_.size(); }
+    void clear() { tensors_.clear(); }
+
+private:
+    std::deque<tensor> tensors_;
+};
+
+// ----- views (no copy) -----
+tensor* view(context& c, tensor* a, std::span<const int64_t> shape, std::span<const int64_t> stride,
+             size_t byte_offset);
+tensor* reshape(context& c, tensor* a, std::initializer_list<int64_t> shape);  // a must be contiguous
+tensor* permute(context& c, tensor* a, std::initializer_list<int> axes);       // like torch.permute
+tensor* transpose(context& c, tensor* a, int dim0, int dim1);
+// Slice [start, start+len) along dim.
+tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
+
+// ----- compute ops -----
+// table [V, D] (any float dtype; f8 rows use scale [V] if given) , ids [T] i32 -> [T, D] f32
+tensor* get_rows(context& c, tensor* table, tensor* ids);
+// x [..., M, K] f32, w [N, K] or [B, N, K] (f32 | bf16 | f8_e4m3 with w_scale [N] or [B, N])
+// -> [..., M, N]. When w has a batch dim, x's dim -3 must equal it. w may be a strided view.
+tensor* matmul(context& c, tensor* x, tensor* w, tensor* w_scale = nullptr);
+tensor* add(context& c, tensor* a, tensor* b);
+tensor* mul(context& c, tensor* a, tensor* b);
+tensor* scale(context& c, tensor* a, float s);
+// x [..., D], w [D] (f32 | bf16) or null -> [..., D]
+tensor* rms_norm(context& c, tensor* x, tensor* w, float eps);
+// x [T, H, d] or [T, d] (d == p.n_dims), positions [T] i32. Pairs (2i, 2i+1):
+// (a, b) -> (a·cos − b·sin, a·sin + b·cos), angle pos · inv_freq[i], cos/sin · attn_factor.
+tensor* rope(context& c, tensor* x, tensor* positions, std::shared_ptr<const rope_params> p);
+// Softmax over the innermost dim of x·scale. With causal, x is [..., Tq, Tk] and query i may see
+// keys j <= i + n_past (others get probability 0).
+tensor* softmax(context& c, tensor* x, float scale = 1.0f, bool causal = false, int n_past = 0);
+tensor* swiglu(context& c, tensor* a, tensor* b);
+// probs [T, E] f32 -> ids [T, k] i32 (descending by prob; ties: lower id first).
+tensor* moe_topk(context& c, tensor* probs, const moe_route_params& p);
+// probs [T, E], ids [T, k] -> weights [T, k] f32 per DESIGN.md's weighting rules.
+tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_params& p);
+// x [T, D], ids [T, k] i32, w [T, k] f32 -> [T, D] f32 = Σ_k w · Expert_{ids}(x)
+tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w,
+                    std::shared_ptr<const expert_set> experts);
+
+// Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32, and
+// `page_table` [max_logical_pages] i32 mapping logical page p (positions p·page_size ..) to a
+// physical page index. kv_store writes c [T, r] and k_pe [T, rope] for positions
+// n_past .. n_past+T-1 and returns an alias of `pages` that later readers must take as their source
+// (this is how the graph orders the write before the read).
+tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
+                 int n_past);
+// Absorbed MLA: q_lat [T, H, r], q_pe [T, H, rope], pages (from kv_store), page_table.
+// score(s) = (q_lat·c_s + q_pe·k_pe_s)·scale over s = 0 .. n_past+t (causal), softmax,
+// o_lat = Σ p_s c_s  -> [T, H, r] f32.
+tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor* page_table,
+                 int n_past, float scale);
+// Copy src into dst's layout/dtype (f32 -> f32|bf16|f16). Returns an alias of dst.
+tensor* cpy(context& c, tensor* src, tensor* dst);
+tensor* contiguous(context& c, tensor* a);
+tensor* concat(context& c, tensor* a, tensor* b, int dim);
+
+// ---------------------------------------------------------------------------------------------
+// graph
+// ---------------------------------------------------------------------------------------------
+struct graph {
+    std::vector<tensor*> nodes;    // execution order (topological; sources before users)
+    std::vector<tensor*> leafs;    // op::none tensors reached
+    std::vector<tensor*> outputs;  // as given to build_graph; never reused by the allocator
+};
+// Depth-first from outputs; each node once; sources in order.
+graph build_graph(context& c, std::initializer_list<tensor*> outputs);
+graph build_graph(context& c, std::span<tensor* const> outputs);
+
+// Plan memory for the graph's intermediates: each non-view node without data gets an offset in
+// one arena; a node's memory is released after its last consumer runs and reused by later nodes
+// (outputs are kept alive). Returns the arena size. Backends call this inside allocate().
+struct alloc_plan {
+    size_t arena_bytes = 0;
+    std::vector<std::pair<tensor*, size_t>> offsets;  // node -> byte offset in arena
+};
+alloc_plan plan_allocation(const graph& g, size_t alignment = 64);
+
+// ---------------------------------------------------------------------------------------------
+// backends
+// ---------------------------------------------------------------------------------------------
+// A block of memory owned by a backend (host memory for the CPU backend, device memory for CUDA).
+struct buffer {
+    virtual ~buffer() = default;
+    virtual void* base() = 0;
+    virtual size_t size() const = 0;
+};
+using buffer_ptr = std::unique_ptr<buffer>;
+// Point t at buf + offset (t->data, t->buf).
+void bind(tensor& t, buffer& buf, size_t offset);
+
+class backend {
+public:
+    virtual ~backend() = default;
+    virtual const char* name() const = 0;
+    virtual bool supports_op(const tensor& node) const = 0;
+    virtual buffer_ptr alloc_buffer(size_t bytes) = 0;
+    virtual void upload(tensor& t, const void* src, size_t offset, size_t n) = 0;
+    virtual void download(const tensor& t, void* dst, size_t offset, size_t n) = 0;
+    // Resolve view addresses and place intermediates (plan_allocation) in a backend-owned arena
+    // that is kept and grown across calls.
+    virtual void allocate(graph& g) = 0;
+    virtual void compute(graph& g) = 0;
+    virtual void synchronize() = 0;
+};
+
+// n_threads <= 0: number of physical cores.
+std::unique_ptr<backend> make_cpu_backend(int n_threads = 0);
+int physical_cores();
+
+// Internal faults (never user errors): throw mgl::error with file:line.
+struct error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+[[noreturn]] void fail(const char* file, int line, const std::string& msg);
+#define MGL_CHECK(cond, msg)                                       \
+    do {                                                           \
+        if (!(cond)) ::mgl::fail(__FILE__, __LINE__, (msg));       \
+    } while (0)
+
+}  // namespace mgl

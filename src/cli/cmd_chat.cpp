@@ -1,0 +1,16 @@
+// minids chat — placeholder until implemented.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace minids::cli {
+
+void add_chat_command(CLI::App& app, int& exit_code) {
+    auto* cmd = app.add_subcommand("chat", "(not implemented yet)");
+    cmd->callback([&exit_code] {
+        std::fprintf(stderr, "minids chat: not implemented yet\n");
+        exit_code = exit_failure;
+    });
+}
+
+}  // namespace minids::cli

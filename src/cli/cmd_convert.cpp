@@ -1,0 +1,16 @@
+// minids convert — placeholder until implemented.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace minids::cli {
+
+void add_convert_command(CLI::App& app, int& exit_code) {
+    auto* cmd = app.add_subcommand("convert", "(not implemented yet)");
+    cmd->callback([&exit_code] {
+        std::fprintf(stderr, "minids convert: not implemented yet\n");
+        exit_code = exit_failure;
+    });
+}
+
+}  // namespace minids::cli

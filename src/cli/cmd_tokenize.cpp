@@ -1,0 +1,16 @@
+// minids tokenize — placeholder until implemented.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace minids::cli {
+
+void add_tokenize_command(CLI::App& app, int& exit_code) {
+    auto* cmd = app.add_subcommand("tokenize", "(not implemented yet)");
+    cmd->callback([&exit_code] {
+        std::fprintf(stderr, "minids tokenize: not implemented yet\n");
+        exit_code = exit_failure;
+    });
+}
+
+}  // namespace minids::cli

@@ -1,0 +1,30 @@
+// minids: one binary, subcommands (run, chat, convert, bench, info, tokenize).
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"minids: DeepSeek-V2-family models (MLA + fine-grained MoE) on one GPU or the CPU",
+                 "minids"};
+    app.set_version_flag("--version", std::string("minids ") + MINIDS_VERSION);
+    app.require_subcommand(1);
+    int exit_code = minids::cli::exit_ok;
+    minids::cli::add_run_command(app, exit_code);
+    minids::cli::add_chat_command(app, exit_code);
+    minids::cli::add_convert_command(app, exit_code);
+    minids::cli::add_bench_command(app, exit_code);
+    minids::cli::add_info_command(app, exit_code);
+    minids::cli::add_tokenize_command(app, exit_code);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        // --help / --version exit 0; a wrong flag prints one message and exits 2.
+        int rc = app.exit(e);
+        return rc == 0 ? 0 : minids::cli::exit_bad_input;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "minids: error: %s\n", e.what());
+        return minids::cli::exit_failure;
+    }
+    return exit_code;
+}

@@ -1,0 +1,46 @@
+// Shared helpers for the test suite.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace minids::test {
+
+inline std::filesystem::path data_dir() { return MINIDS_TEST_DATA; }
+inline std::filesystem::path minids_binary() { return MINIDS_BINARY; }
+
+// A fresh temporary directory, removed when the object goes out of scope.
+struct TempDir {
+    std::filesystem::path path;
+    TempDir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "minids-test-XXXXXX").string();
+        char* p = mkdtemp(tmpl.data());
+        if (!p) throw std::runtime_error("mkdtemp failed");
+        path = p;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+};
+
+// Uniform random floats in [lo, hi) from a fixed seed (tests are reproducible; vary the seed
+// between cases, never use zeros as test data).
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+// True when the CUDA runtime reports at least one device (always false without CUDA).
+bool cuda_device_available();
+
+}  // namespace minids::test
