@@ -88,3 +88,86 @@ bool ByteLevelMap::decode(std::string_view token, std::string& out) const {
 }
 
 }  // namespace minids
+
+namespace minids {
+
+namespace {
+
+// The bytes allowed right after lead byte `lead` in a well-formed sequence (Unicode Table 3-7).
+bool valid_second_byte(uint8_t lead, uint8_t b) {
+    switch (lead) {
+        case 0xE0:
+            return b >= 0xA0 && b <= 0xBF;
+        case 0xED:
+            return b >= 0x80 && b <= 0x9F;
+        case 0xF0:
+            return b >= 0x90 && b <= 0xBF;
+        case 0xF4:
+            return b >= 0x80 && b <= 0x8F;
+        default:
+            return b >= 0x80 && b <= 0xBF;
+    }
+}
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+}  // namespace
+
+size_t append_utf8_lossy(std::string_view bytes, bool final_chunk, std::string& out) {
+    size_t i = 0;
+    const size_t n = bytes.size();
+    while (i < n) {
+        const auto lead = static_cast<uint8_t>(bytes[i]);
+        const int len = utf8_sequence_length(lead);
+        if (len == 0) {
+            out += kReplacement;
+            i += 1;
+            continue;
+        }
+        int good = 1;  // bytes of the sequence that are well-formed so far
+        while (good < len && i + good < n) {
+            const auto b = static_cast<uint8_t>(bytes[i + good]);
+            const bool ok = good == 1 ? valid_second_byte(lead, b) : (b >= 0x80 && b <= 0xBF);
+            if (!ok) break;
+            ++good;
+        }
+        if (good == len) {
+            out.append(bytes.substr(i, len));
+            i += len;
+        } else if (i + good == n && !final_chunk) {
+            return i;  // a prefix that later bytes may complete
+        } else {
+            out += kReplacement;
+            i += good;
+        }
+    }
+    return i;
+}
+
+bool is_unicode_whitespace(uint32_t cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+           cp == 0x205F || cp == 0x3000;
+}
+
+uint32_t next_codepoint(std::string_view s, size_t& i) {
+    const auto lead = static_cast<uint8_t>(s[i]);
+    const int len = utf8_sequence_length(lead);
+    if (len <= 1) {
+        ++i;
+        return lead;
+    }
+    uint32_t cp = lead & (0x7Fu >> len);
+    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3Fu);
+    i += len;
+    return cp;
+}
+
+uint32_t previous_codepoint(std::string_view s, size_t end, size_t& begin) {
+    begin = end - 1;
+    while (begin > 0 && (static_cast<uint8_t>(s[begin]) & 0xC0) == 0x80) --begin;
+    size_t i = begin;
+    return next_codepoint(s, i);
+}
+
+}  // namespace minids

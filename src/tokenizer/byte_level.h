@@ -37,4 +37,16 @@ int utf8_sequence_length(uint8_t lead);
 // is valid UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF).
 std::optional<size_t> find_invalid_utf8(std::string_view s);
 
+// Converts bytes to valid UTF-8 the way Rust's String::from_utf8_lossy does (what HF's ByteLevel
+// decoder applies): each maximal invalid subpart becomes one U+FFFD. Appends to `out` and returns
+// how many bytes of `bytes` were consumed; with `final_chunk` false, an incomplete but so far
+// valid sequence at the end is left unconsumed (it may be completed by later bytes).
+size_t append_utf8_lossy(std::string_view bytes, bool final_chunk, std::string& out);
+// Whether `cp` is Unicode White_Space (what Rust's char::is_whitespace tests).
+bool is_unicode_whitespace(uint32_t cp);
+// Decodes the code point at `s[i]`, which must start a valid UTF-8 sequence; advances `i`.
+uint32_t next_codepoint(std::string_view s, size_t& i);
+// Decodes the code point that ends at `s[end - 1]` (valid UTF-8); sets `begin` to its start.
+uint32_t previous_codepoint(std::string_view s, size_t end, size_t& begin);
+
 }  // namespace minids

@@ -78,6 +78,11 @@ bool known_behavior(const std::string& b) {
 
 void add_pre_tokenizer(const json& pt, TokenizerData& d, const std::string& where) {
     const std::string type = component_type(pt, where);
+    if (d.byte_level) {
+        // minids applies ByteLevel last, to the pieces the Split steps leave.
+        fail("tokenizer.json: a \"" + type +
+             "\" step after the ByteLevel pre-tokenizer is not supported");
+    }
     if (type == "Sequence") {
         if (!pt.contains("pretokenizers") || !pt["pretokenizers"].is_array()) {
             fail("tokenizer.json: " + where + " Sequence has no \"pretokenizers\" array");
@@ -102,6 +107,10 @@ void add_pre_tokenizer(const json& pt, TokenizerData& d, const std::string& wher
     } else if (type == "ByteLevel") {
         d.byte_level = true;
         d.byte_level_add_prefix_space = bool_or(pt, "add_prefix_space", false);
+        if (d.byte_level_add_prefix_space && !d.pre_splits.empty()) {
+            // HF prepends the space to every piece the Splits made; minids only to whole text.
+            fail("tokenizer.json: ByteLevel add_prefix_space after Split steps is not supported");
+        }
         if (bool_or(pt, "use_regex", true)) {
             d.pre_splits.push_back({std::string(kGpt2Regex), "isolated", false});
         }
