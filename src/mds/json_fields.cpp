@@ -61,8 +61,11 @@ json parse_json_strict(std::string_view text, const std::string& file, const std
         result = json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true);
     } catch (const json::exception& e) {
         // e.what() carries nlohmann's position information ("at line 3, column 7").
-        std::string what = e.what();
-        fail(file, field, "valid JSON", what.substr(0, 200));
+        // Keep the message printable: nlohmann quotes the offending input bytes verbatim.
+        std::string what = std::string(e.what()).substr(0, 200);
+        for (char& ch : what)
+            if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+        fail(file, field, "valid JSON", what);
     }
     if (!duplicate.empty())
         fail(file, field, "unique keys in every object",
