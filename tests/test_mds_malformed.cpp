@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <set>
 
 #include "mds/reader.h"
 #include "mds_malformed_cases.h"
@@ -47,8 +49,9 @@ TEST_CASE("mds malformed corpus: every case is refused with a message naming the
     }
 }
 
-// Writes the corpus, plus valid files, as fuzzer seeds: run with --no-skip and
-// MINIDS_WRITE_FUZZ_CORPUS=<dir> (see scripts/fuzz.sh).
+// Writes the fuzzer's seed corpus (tests/fuzz/corpus/): two small valid files whole, and the
+// manifest text of every malformed case (the fuzz target reads bare JSON as a manifest). Run
+// with --no-skip and MINIDS_WRITE_FUZZ_CORPUS=<dir>.
 TEST_CASE("mds malformed corpus: write fuzzer seeds" * doctest::skip()) {
     const char* out = std::getenv("MINIDS_WRITE_FUZZ_CORPUS");
     REQUIRE(out != nullptr);
@@ -58,8 +61,16 @@ TEST_CASE("mds malformed corpus: write fuzzer seeds" * doctest::skip()) {
     write_file(dir / "valid_bf16_qlora.mds",
                make_test_mds({.seed = 2, .fp8_experts = false, .q_lora = true, .n_layers = 2,
                               .n_experts = 2}).bytes());
+    std::set<std::string> written;
     for (const auto& mc : malformed_cases()) {
         MdsTestFile f = make_test_mds({.seed = 5});
-        write_file(dir / (mc.name + ".mds"), mc.make(f));
+        auto bytes = mc.make(f);
+        if (bytes.size() < 48) continue;
+        const uint64_t len = get_u64(bytes, 16);
+        if (len > bytes.size() - 48) continue;
+        std::string text(bytes.begin() + 48, bytes.begin() + 48 + static_cast<std::ptrdiff_t>(len));
+        if (written.insert(text).second) {
+            std::ofstream(dir / (mc.name + ".json"), std::ios::binary) << text;
+        }
     }
 }
