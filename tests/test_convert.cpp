@@ -19,6 +19,8 @@
 
 #include "convert/convert.h"
 #include "convert/safetensors.h"
+#include "mds/reader.h"
+#include "tokenizer/tokenizer_data.h"
 #include "test_convert_util.h"
 #include "test_util.h"
 
@@ -448,4 +450,20 @@ TEST_CASE("convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C t
     CHECK(WEXITSTATUS(status) == 130);
     CHECK(!fs::exists(big));
     CHECK(!fs::exists(tmp.path / "big.mds.tmp"));
+}
+
+TEST_CASE("convert: the loader accepts the output; tokenizer and chat template round-trip") {
+    test::TempDir tmp;
+    run_convert(fixture_dir(), tmp.path / "t.mds", mgl::dtype::f8_e4m3, 2);
+    auto f = mds::MdsFile::open((tmp.path / "t.mds").string());
+    CHECK(f->verify(2).ok);
+    CHECK(f->config().hidden_size == 64);
+    CHECK(f->experts().blobs.size() == 48);
+    json tok = test::read_json_file_for_test(fixture_dir() / "tokenizer.json");
+    json tok_cfg = test::read_json_file_for_test(fixture_dir() / "tokenizer_config.json");
+    CHECK(tokenizer_data_to_json(f->tokenizer()) == tokenizer_data_to_json(tokenizer_data_from_hf(tok, tok_cfg)));
+    CHECK(f->tokenizer().chat_template == tok_cfg["chat_template"].get<std::string>());
+    CHECK(f->tokenizer().vocab.size() == 1024);
+    CHECK(f->tokenizer().bos_id == 0);
+    CHECK(f->tokenizer().add_bos);
 }
