@@ -253,12 +253,14 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
     Tables tables;
     Progress progress("generating", st.dense_bytes + st.expert_bytes, opt.progress);
 
-    // Dense tensors: one at a time, rows split across threads.
+    // Dense tensors: one at a time, rows split across threads, one buffer reused (fresh pages
+    // cost a fault and a clear each).
+    mds::AlignedBuffer buf;
     for (size_t i = 0; i < plan.n_dense; ++i) {
         throw_if_interrupted();
         const ExpectedTensor& t = plan.tensors[i];
         const size_t id = plan.writer_id[i];
-        std::vector<uint8_t> buf(w.tensor_nbytes(id));
+        buf.resize(w.tensor_nbytes(id));
         if (t.role == TensorRole::norm) {
             const uint16_t one = mgl::f32_to_bf16(1.0f);
             for (size_t k = 0; k < buf.size(); k += 2) std::memcpy(buf.data() + k, &one, 2);
@@ -274,7 +276,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
                 }
             });
         }
-        w.write_tensor(id, buf.data(), buf.size());
+        w.write_tensor(id, buf);
         progress.add(buf.size());
     }
 
@@ -292,7 +294,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
         parallel_for(w.n_blobs(), threads, [&](size_t blob) {
             // Reused per thread; the parts overwrite their regions, the padding between them is
             // zeroed here (the buffer may hold another layout's bytes from an earlier call).
-            thread_local std::vector<uint8_t> buf;
+            thread_local mds::AlignedBuffer buf;
             buf.resize(layout.blob_nbytes);
             uint64_t pos = 0;
             for (const auto& p : layout.parts) {  // parts are in increasing offset order
@@ -316,7 +318,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
                     }
                 }
             }
-            w.write_blob(blob, buf.data(), buf.size());
+            w.write_blob(blob, buf);
             progress.add(buf.size());
         });
     }
