@@ -290,8 +290,52 @@ void MdsWriter::write_item(Item& item, const void* data, uint64_t nbytes, const 
         // direct write is simply rewritten in full below.
         direct_ok_ = false;
     }
+    if (!direct && direct_fd_ >= 0 && direct_ok_.load() &&
+        write_direct_bounced(item, static_cast<const uint8_t*>(data), nbytes)) {
+        bytes_written_ += nbytes;
+        return;
+    }
     pwrite_all(fd_, data, nbytes, item.offset);
     bytes_written_ += nbytes;
+}
+
+std::unique_ptr<AlignedBuffer> MdsWriter::take_bounce() {
+    {
+        std::lock_guard<std::mutex> lock(bounce_mu_);
+        if (!bounce_free_.empty()) {
+            auto b = std::move(bounce_free_.back());
+            bounce_free_.pop_back();
+            return b;
+        }
+    }
+    return std::make_unique<AlignedBuffer>();
+}
+
+void MdsWriter::give_bounce(std::unique_ptr<AlignedBuffer> b) {
+    std::lock_guard<std::mutex> lock(bounce_mu_);
+    bounce_free_.push_back(std::move(b));
+}
+
+// Copies caller memory through an aligned buffer in 8 MiB chunks (chunk offsets stay 4096-aligned;
+// the last chunk's zero tail is the item's padding). False if O_DIRECT was refused: the caller
+// then rewrites the whole item buffered.
+bool MdsWriter::write_direct_bounced(const Item& item, const uint8_t* data, uint64_t nbytes) {
+    constexpr uint64_t chunk = uint64_t(8) << 20;
+    std::unique_ptr<AlignedBuffer> buf = take_bounce();
+    bool ok = true;
+    for (uint64_t pos = 0; pos < nbytes; pos += chunk) {
+        const size_t n = size_t(std::min(chunk, nbytes - pos));
+        buf->resize(n);
+        std::memcpy(buf->data(), data + pos, n);
+        ssize_t r = ::pwrite(direct_fd_, buf->data(), buf->padded_size(), off_t(item.offset + pos));
+        if (r != ssize_t(buf->padded_size())) {
+            direct_ok_ = false;
+            ok = false;
+            break;
+        }
+    }
+    give_bounce(std::move(buf));
+    return ok;
 }
 
 void MdsWriter::write_tensor(size_t id, const void* data, uint64_t nbytes) {

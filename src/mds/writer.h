@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -120,9 +121,10 @@ public:
 
     // ---- write ----
     void open();
-    void write_tensor(size_t id, const void* data, uint64_t nbytes);  // thread-safe
-    void write_blob(size_t id, const void* data, uint64_t nbytes);    // thread-safe
-    // Same, bypassing the page cache with O_DIRECT where the file system allows it.
+    // Thread-safe. Bypass the page cache with O_DIRECT where the file system allows it (caller
+    // memory through bounce buffers; an AlignedBuffer directly).
+    void write_tensor(size_t id, const void* data, uint64_t nbytes);
+    void write_blob(size_t id, const void* data, uint64_t nbytes);
     void write_tensor(size_t id, const AlignedBuffer& buf);
     void write_blob(size_t id, const AlignedBuffer& buf);
     uint64_t bytes_written() const { return bytes_written_.load(); }
@@ -147,6 +149,9 @@ private:
     nlohmann::json manifest(bool with_checksums) const;
     void write_item(Item& item, const void* data, uint64_t nbytes, const char* what, const AlignedBuffer* direct);
     void pwrite_all(int fd, const void* data, uint64_t nbytes, uint64_t offset);
+    bool write_direct_bounced(const Item& item, const uint8_t* data, uint64_t nbytes);
+    std::unique_ptr<AlignedBuffer> take_bounce();
+    void give_bounce(std::unique_ptr<AlignedBuffer> b);
 
     std::filesystem::path out_path_;
     bool overwrite_ = false;
@@ -162,6 +167,9 @@ private:
     int fd_ = -1;
     int direct_fd_ = -1;  // O_DIRECT descriptor of the same file, -1 if unsupported
     std::atomic<bool> direct_ok_{true};
+    // Reusable aligned buffers for writing caller memory (e.g. a mapped checkpoint) with O_DIRECT.
+    std::mutex bounce_mu_;
+    std::vector<std::unique_ptr<AlignedBuffer>> bounce_free_;
     bool committed_ = false;
     std::atomic<uint64_t> bytes_written_{0};
 };
