@@ -85,14 +85,18 @@ constexpr size_t table_size = 65536;
 
 struct Tables {
     std::vector<double> z;         // quantiles of N(0, 1) at (i + 0.5) / 65536
-    double z_max = 0;              // z[65535]
-    std::vector<uint8_t> e4m3;     // code of z[i] · 448 / z_max: the extreme entries hit ±448
+    // FP8 codes come from 8 random bits each (8 codes per 64-bit draw: the generator's hot loop):
+    // 256 equiprobable normal quantiles at (i + 0.5) / 256, scaled so the extremes hit ±448.
+    // E4M3 itself has only 256 codes, so a finer table would buy little.
+    double z8_max = 0;
+    std::vector<uint8_t> e4m3;
     std::map<float, std::vector<uint16_t>> bf16_by_sigma;
 
-    Tables() : z(table_size), e4m3(table_size) {
+    Tables() : z(table_size), e4m3(256) {
         for (size_t i = 0; i < table_size; ++i) z[i] = normal_quantile((double(i) + 0.5) / double(table_size));
-        z_max = z[table_size - 1];
-        for (size_t i = 0; i < table_size; ++i) e4m3[i] = mgl::f32_to_e4m3(float(z[i] * mgl::e4m3_max / z_max));
+        z8_max = normal_quantile(255.5 / 256.0);
+        for (size_t i = 0; i < 256; ++i)
+            e4m3[i] = mgl::f32_to_e4m3(float(normal_quantile((double(i) + 0.5) / 256.0) * mgl::e4m3_max / z8_max));
     }
     const std::vector<uint16_t>& bf16(float sigma) {
         auto it = bf16_by_sigma.find(sigma);
@@ -125,18 +129,16 @@ void fill_bf16_row(RowRng& rng, const uint16_t* table, uint8_t* dst, size_t n) {
     }
 }
 
+// `table` has 256 entries; one draw gives 8 codes.
 void fill_e4m3_row(RowRng& rng, const uint8_t* table, uint8_t* dst, size_t n) {
     size_t j = 0;
-    for (; j + 4 <= n; j += 4) {
+    for (; j + 8 <= n; j += 8) {
         uint64_t r = rng.next();
-        dst[j] = table[r & 0xFFFF];
-        dst[j + 1] = table[(r >> 16) & 0xFFFF];
-        dst[j + 2] = table[(r >> 32) & 0xFFFF];
-        dst[j + 3] = table[r >> 48];
+        for (int b = 0; b < 8; ++b) dst[j + size_t(b)] = table[(r >> (8 * b)) & 0xFF];
     }
     if (j < n) {
         uint64_t r = rng.next();
-        for (; j < n; ++j, r >>= 16) dst[j] = table[r & 0xFFFF];
+        for (; j < n; ++j, r >>= 8) dst[j] = table[r & 0xFF];
     }
 }
 
@@ -310,7 +312,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
                 for (size_t r = 0; r < rows; ++r) {
                     RowRng rng(key, r);
                     if (fp8) {
-                        float scale = float(sigma_in[part] * tables.z_max / mgl::e4m3_max * (0.75 + 0.5 * rng.uniform()));
+                        float scale = float(sigma_in[part] * tables.z8_max / mgl::e4m3_max * (0.75 + 0.5 * rng.uniform()));
                         std::memcpy(buf.data() + layout.parts[size_t(part) + 3].offset + 4 * r, &scale, 4);
                         fill_e4m3_row(rng, tables.e4m3.data(), buf.data() + p.offset + r * cols, cols);
                     } else {
