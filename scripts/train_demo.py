@@ -4,10 +4,10 @@
 Runs with `python3` on a CUDA machine that has PyTorch, transformers (>= 5), tokenizers and
 safetensors installed; it needs no network. One run does, in order:
 
-1. corpus     English text that ships with that machine's Python: the docstrings of the standard
-              library (test folders left out), the language reference topics of `pydoc_data`, the
-              long descriptions of every installed distribution, and the docstrings of the packages
-              in CORPUS_PACKAGES (test folders left out). Files are read in sorted order, every
+1. corpus     English text that ships with that machine's Python: the language reference topics of
+              `pydoc_data`, the long descriptions of every installed distribution, and the docstrings
+              of every .py file of the standard library and of site-packages (test folders left
+              out; one document per file). Files are read in sorted order, every
               docstring is kept once (exact duplicates dropped), documents that are not mostly ASCII
               are dropped, and the documents are shuffled with the fixed seed; the last
               VAL_FRACTION are held out. The SHA-256 of the corpus and the package versions are
@@ -43,7 +43,6 @@ import argparse
 import ast
 import hashlib
 import importlib.metadata
-import importlib.util
 import io
 import json
 import math
@@ -68,15 +67,7 @@ CORPUS_MAX_CHARS = 120_000_000
 MDS_LIMIT_BYTES = 25_000_000
 SHARD_LIMIT_BYTES = 15 * 1024 * 1024
 N_GREEDY = 32
-# Packages whose docstrings join the corpus, in this order (those not installed are skipped).
-CORPUS_PACKAGES = (
-    "numpy", "scipy", "pandas", "sklearn", "sympy", "networkx", "statsmodels", "matplotlib",
-    "torch", "transformers", "tokenizers", "huggingface_hub", "accelerate", "safetensors",
-    "jax", "flax", "optax", "sentence_transformers", "torchvision", "torchaudio", "torchmetrics",
-    "lightning", "requests", "urllib3", "httpx", "rich", "click", "jinja2", "markdown",
-    "pygments", "hypothesis", "pytest", "pyarrow", "h5py", "PIL", "skimage", "numba", "sacrebleu",
-    "seaborn", "xarray", "yaml", "packaging", "setuptools", "pip",
-)
+MAX_EPOCHS = 6
 PROMPTS = (
     "The following example shows how to",
     "This function returns",
@@ -228,21 +219,15 @@ def _file_docstrings(path):
 
 def build_corpus(log):
     """Returns (documents, description). Deterministic for a given Python installation."""
-    sources = []  # (label, list of python files)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    sources.append(("python-stdlib", _python_files(stdlib)))
+    sources = [("python-stdlib", _python_files(sysconfig.get_paths()["stdlib"]))]  # (label, python files)
+    for site_dir in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
+        for entry in sorted(os.listdir(site_dir)):
+            path = os.path.join(site_dir, entry)
+            if os.path.isdir(path) and not entry.endswith((".dist-info", ".egg-info", ".data")):
+                sources.append((entry, _python_files(path)))
+            elif entry.endswith(".py"):
+                sources.append((entry[:-3], [path]))
     versions = {}
-    for name in CORPUS_PACKAGES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        files = []
-        for loc in sorted(spec.submodule_search_locations):
-            files += _python_files(loc)
-        sources.append((name, files))
 
     docs, seen, seen_dists, stats = [], set(), set(), {}
     total_chars = 0
@@ -298,7 +283,7 @@ def build_corpus(log):
                    "python": sys.version.split()[0], "distribution_versions": versions,
                    "distribution_licenses": licenses}
     log(f"corpus: {len(docs)} documents, {total_chars / 1e6:.1f} M chars, sha256 {sha[:16]}")
-    for label, s in stats.items():
+    for label, s in sorted(stats.items(), key=lambda kv: -kv[1]["chars"])[:30]:
         log(f"  {label:28s} {s['docs']:7d} docs {s['chars'] / 1e6:8.2f} M chars")
     return docs, description
 
@@ -356,6 +341,20 @@ def train_tokenizer(train_docs, template_dir, vocab_size, log):
         if final.decode(a, skip_special_tokens=False) != d:
             raise RuntimeError("tokenizer round trip failed on a corpus document")
     return final, text
+
+
+def windows(tokens, offsets, ctx):
+    """BOS followed by ctx - 1 stream tokens from each offset: every sequence starts like a prompt."""
+    import torch
+
+    body = tokens[offsets[:, None] + torch.arange(ctx - 1, device=tokens.device)[None, :]].long()
+    return torch.cat([torch.zeros_like(body[:, :1]), body], dim=1)
+
+
+def evenly_spaced(n_tokens, ctx, count):
+    import numpy as np
+
+    return np.linspace(0, n_tokens - ctx, count).astype(np.int64)
 
 
 def encode_stream(tok, docs):
@@ -493,8 +492,7 @@ class RouterTap:
 # Training
 
 
-def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smoke, deadline, log):
-    import numpy as np
+def train_model(cfg, cfg_dir, stream, val_stream, args, smoke, deadline, log):
     import torch
     from transformers import AutoConfig, DeepseekV2ForCausalLM
 
@@ -519,11 +517,8 @@ def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smok
 
     batch, ctx = (8, 128) if smoke else (64, CONTEXT)
     tokens = torch.from_numpy(stream).to(device)
-    valid = torch.from_numpy(starts[starts + ctx <= len(stream)]).to(device)
     val_tokens = torch.from_numpy(val_stream).to(device)
-    val_valid = val_starts[val_starts + ctx <= len(val_stream)]
-    val_pick = torch.from_numpy(val_valid[np.linspace(0, len(val_valid) - 1, 8 if smoke else 128).astype(np.int64)]).to(device)
-    offsets = torch.arange(ctx, device=device)
+    val_pick = torch.from_numpy(evenly_spaced(len(val_stream), ctx, 8 if smoke else 128)).to(device)
     gen = torch.Generator(device=device).manual_seed(SEED)
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -544,7 +539,7 @@ def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smok
         model.eval()
         losses = []
         for i in range(0, len(val_pick), 16):
-            x = val_tokens[val_pick[i:i + 16, None] + offsets[None, :]].long()
+            x = windows(val_tokens, val_pick[i:i + 16], ctx)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 losses.append(float(model(input_ids=x, labels=x, use_cache=False).loss))
             tap.aux.clear()
@@ -558,12 +553,13 @@ def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smok
         f"time budget {budget:.0f} s{', fixed steps ' + str(total) if fixed_steps else ''}")
     model.train()
     curve, running, t_start, t_probe = [], torch.zeros((), device=device), time.time(), None
+    best = (float("inf"), 0, None)  # (val loss, step, weights): guards against overfitting
     step = 0
     while step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total)
-        sel = torch.randint(0, len(valid), (batch,), device=device, generator=gen)
-        x = tokens[valid[sel][:, None] + offsets[None, :]].long()
+        offs = torch.randint(0, len(stream) - ctx + 1, (batch,), device=device, generator=gen)
+        x = windows(tokens, offs, ctx)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(input_ids=x, labels=x, use_cache=False)
         aux = torch.stack(tap.aux).sum()
@@ -581,17 +577,22 @@ def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smok
         if step == 40 and not fixed_steps:
             torch.cuda.synchronize()
             per_step = (time.time() - t_probe) / 30
-            total = int(min(args.max_steps, 40 + (budget - (time.time() - t_start)) / per_step))
-            log(f"training: {per_step * 1000:.1f} ms/step -> {total} steps")
+            by_time = 40 + (budget - (time.time() - t_start)) / per_step
+            by_epochs = MAX_EPOCHS * len(stream) / (batch * ctx)
+            total = int(min(args.max_steps, by_time, by_epochs))
+            log(f"training: {per_step * 1000:.1f} ms/step; steps allowed by time {by_time:.0f}, by "
+                f"{MAX_EPOCHS} epochs {by_epochs:.0f} -> {total} steps")
         every = 5 if smoke else 250
         if step % every == 0 or step == total:
             n = every if step % every == 0 else step % every
             tl = float(running) / n
             running.zero_()
-            entry = {"step": step, "train_loss": round(tl, 4), "aux": round(float(aux) / len(tap.handles), 4),
+            entry = {"step": step, "train_loss": round(tl, 4), "aux": round(float(aux.detach()) / len(tap.handles), 4),
                      "lr": lr_at(step - 1, total), "seconds": round(time.time() - t_start, 1)}
-            if step % (every * 4) == 0 or step == total:
+            if step % (every * 2) == 0 or step == total:
                 entry["val_loss"] = round(val_loss(), 4)
+                if entry["val_loss"] < best[0]:
+                    best = (entry["val_loss"], step, {k: v.detach().clone() for k, v in model.state_dict().items()})
             curve.append(entry)
             log("  " + json.dumps(entry))
         if time.time() - t_start > budget * 1.15 + 5:
@@ -601,10 +602,18 @@ def train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts, args, smok
     seconds = time.time() - t_start
     final_val = val_loss()
     log(f"training: {step} steps in {seconds:.0f} s, final val loss {final_val:.4f}")
+    restored = None
+    if best[2] is not None and best[0] < final_val - 0.02:
+        model.load_state_dict(best[2])
+        restored = best[1]
+        final_val = val_loss()
+        log(f"training: restored the weights of step {restored} (val loss {final_val:.4f})")
     tap.remove()
     info = {"steps": step, "batch": batch, "context": ctx, "tokens_seen": step * batch * ctx,
             "seconds": round(seconds, 1), "lr": args.lr, "warmup": warmup, "aux_coef": aux_coef,
-            "final_val_loss": round(final_val, 4), "curve": curve, "attention_scale_patched": scale_patched}
+            "final_val_loss": round(final_val, 4), "restored_step": restored, "curve": curve,
+            "attention_scale_patched": scale_patched, "max_epochs": MAX_EPOCHS,
+            "window": "BOS + (context - 1) tokens from a uniformly random offset of the token stream"}
     return model, info, val_loss
 
 
@@ -775,15 +784,13 @@ def greedy_reference(model, tok, cfg, log):
     return chosen, [{"text": r["text"], "min_gap": r["min_gap"]} for r in results]
 
 
-def routing_statistics(model, cfg, val_stream, val_starts, smoke, log):
+def routing_statistics(model, cfg, val_stream, smoke, log):
     import numpy as np
     import torch
 
     ctx = 128 if smoke else CONTEXT
     n_windows = 8 if smoke else 192
-    valid = val_starts[val_starts + ctx <= len(val_stream)]
-    pick = valid[np.linspace(0, len(valid) - 1, n_windows).astype(np.int64)]
-    x_all = torch.from_numpy(np.stack([val_stream[s:s + ctx] for s in pick])).long().cuda()
+    x_all = windows(torch.from_numpy(val_stream).cuda(), torch.from_numpy(evenly_spaced(len(val_stream), ctx, n_windows)).cuda(), ctx)
     tap = RouterTap(model, cfg, "choices")
     model.eval()
     with torch.no_grad():
@@ -834,7 +841,8 @@ def routing_markdown(stats, cfg, command):
         "# Routing statistics of the demo model",
         "",
         f"Measured on held-out text (documents never trained on): {stats['windows']} windows of "
-        f"{stats['context']} tokens = {stats['tokens']} tokens, each starting at a document's BOS. "
+        f"{stats['context']} tokens = {stats['tokens']} tokens (BOS, then {stats['context'] - 1} tokens from evenly "
+        "spaced offsets of the held-out token stream). "
         f"The model has {n_exp} routed experts per MoE layer, top-{k}, greedy softmax routing; "
         "routing was recomputed in FP32 from the FP8/BF16-rounded weights (what minids runs).",
         "",
@@ -948,8 +956,7 @@ def run_pipeline(args, smoke, deadline, log):
     cfg_dir.mkdir(exist_ok=True)
     (cfg_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
-    model, train_info, val_loss = train_model(cfg, cfg_dir, stream, starts, val_stream, val_starts,
-                                              args, smoke, deadline, log)
+    model, train_info, val_loss = train_model(cfg, cfg_dir, stream, val_stream, args, smoke, deadline, log)
     requant = round_like_minids(model, log)
     train_info["val_loss_after_rounding"] = round(val_loss(), 4)
     log(f"rounding: val loss {train_info['final_val_loss']} -> {train_info['val_loss_after_rounding']}")
@@ -966,7 +973,7 @@ def run_pipeline(args, smoke, deadline, log):
         export_results(Path(args.out), args.export, log)
 
     log("routing statistics:")
-    stats = routing_statistics(model, cfg, val_stream, val_starts, smoke, log)
+    stats = routing_statistics(model, cfg, val_stream, smoke, log)
     command = "python3 scripts/train_demo.py --out OUT_DIR" + (f" --steps {args.steps}" if args.steps else "")
     (out_dir / "routing-stats.md").write_text(routing_markdown(stats, cfg, command))
     (out_dir / "routing-stats.json").write_text(json.dumps(stats, indent=1))
@@ -1015,12 +1022,12 @@ def run_from_checkpoint(args, log):
     tok = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     docs, _ = build_corpus(log)
     n_val = max(8, int(len(docs) * VAL_FRACTION))
-    val_stream, val_starts = encode_stream(tok, docs[-n_val:])
+    val_stream, _ = encode_stream(tok, docs[-n_val:])
     model = DeepseekV2ForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).cuda()
     check_and_fix_attention(model, cfg, log)
     use_dense_experts(model)
     log("routing statistics:")
-    stats = routing_statistics(model, cfg, val_stream, val_starts, False, log)
+    stats = routing_statistics(model, cfg, val_stream, False, log)
     command = f"python3 scripts/train_demo.py --from-checkpoint HF_DIR --out OUT_DIR"
     (out_dir / "routing-stats.md").write_text(routing_markdown(stats, cfg, command))
     (out_dir / "routing-stats.json").write_text(json.dumps(stats, indent=1))
