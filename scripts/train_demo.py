@@ -5,9 +5,10 @@ Runs with `python3` on a CUDA machine that has PyTorch, transformers (>= 5), tok
 safetensors installed; it needs no network. One run does, in order:
 
 1. corpus     English text that ships with that machine's Python: the language reference topics of
-              `pydoc_data`, the long descriptions of every installed distribution, and the docstrings
-              of every .py file of the standard library and of site-packages (test folders left
-              out; one document per file). Files are read in sorted order, every
+              `pydoc_data`, and the long descriptions and the docstrings (every .py file, test
+              folders left out, one document per file) of the standard library and of every
+              site-packages distribution under a permissive license (PERMISSIVE below; the others,
+              e.g. NVIDIA's proprietary CUDA wheels, are left out). Files are read in sorted order, every
               docstring is kept once (exact duplicates dropped), documents that are not mostly ASCII
               are dropped, and the documents are shuffled with the fixed seed; the last
               VAL_FRACTION are held out. The SHA-256 of the corpus and the package versions are
@@ -67,7 +68,12 @@ CORPUS_MAX_CHARS = 120_000_000
 MDS_LIMIT_BYTES = 25_000_000
 SHARD_LIMIT_BYTES = 15 * 1024 * 1024
 N_GREEDY = 32
-MAX_EPOCHS = 6
+MAX_EPOCHS = 8
+# Only text of distributions under these licenses joins the corpus (matched in the SPDX expression,
+# else in the License field and the license classifiers); anything naming a RESTRICTED term, or
+# with no license information, stays out.
+PERMISSIVE = ("MIT", "BSD", "APACHE", "PSF", "PYTHON SOFTWARE FOUNDATION", "ISC", "ZLIB", "CC0", "UNLICENSE", "HPND")
+RESTRICTED = ("GPL", "MPL", "MOZILLA", "PROPRIETARY", "LICENSEREF-NVIDIA", "NVIDIA SOFTWARE LICENSE", "COMMERCIAL")
 PROMPTS = (
     "The following example shows how to",
     "This function returns",
@@ -217,16 +223,41 @@ def _file_docstrings(path):
     return out
 
 
+def _license(dist):
+    md = dist.metadata
+    if md.get("License-Expression"):
+        return md["License-Expression"]
+    parts = [(md.get("License") or "")[:300]] + [c for c in (md.get_all("Classifier") or []) if c.startswith("License ::")]
+    return " | ".join(p.strip() for p in parts if p.strip())
+
+
+def _permissive(license_text):
+    up = license_text.upper()
+    return any(t in up for t in PERMISSIVE) and not any(t in up for t in RESTRICTED)
+
+
 def build_corpus(log):
     """Returns (documents, description). Deterministic for a given Python installation."""
+    dists = sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower())
+    license_of = {d.metadata["Name"] or "": _license(d) for d in dists}
+    owners = importlib.metadata.packages_distributions()  # top-level import name -> distributions
     sources = [("python-stdlib", _python_files(sysconfig.get_paths()["stdlib"]))]  # (label, python files)
+    excluded = {}
     for site_dir in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
         for entry in sorted(os.listdir(site_dir)):
             path = os.path.join(site_dir, entry)
             if os.path.isdir(path) and not entry.endswith((".dist-info", ".egg-info", ".data")):
-                sources.append((entry, _python_files(path)))
+                name, files = entry, _python_files(path)
             elif entry.endswith(".py"):
-                sources.append((entry[:-3], [path]))
+                name, files = entry[:-3], [path]
+            else:
+                continue
+            licenses_here = [license_of.get(d, "") for d in owners.get(name, [])]
+            if not licenses_here or not all(_permissive(t) for t in licenses_here):
+                if files:
+                    excluded[name] = "; ".join(t[:60] for t in licenses_here) or "no distribution metadata"
+                continue
+            sources.append((name, files))
     versions = {}
 
     docs, seen, seen_dists, stats = [], set(), set(), {}
@@ -252,7 +283,6 @@ def build_corpus(log):
         log("corpus: pydoc_data.topics not available")
 
     # Long descriptions of the installed distributions (their README texts).
-    dists = sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower())
     licenses = {}
     for dist in dists:
         name = dist.metadata["Name"] or ""
@@ -262,8 +292,11 @@ def build_corpus(log):
             continue
         seen_dists.add(name.lower())
         versions[name] = dist.version
-        licenses[name] = (dist.metadata.get("License-Expression") or dist.metadata.get("License") or "")[:80]
-        add("distribution-descriptions", body)
+        licenses[name] = license_of[name][:80]
+        if _permissive(license_of[name]):
+            add("distribution-descriptions", body)
+        else:
+            excluded[f"{name} (description)"] = license_of[name][:60] or "no license metadata"
 
     # spawn, not fork: the parent may hold CUDA and threads; this module imports nothing heavy.
     with multiprocessing.get_context("spawn").Pool(min(16, os.cpu_count() or 1)) as pool:
@@ -281,8 +314,9 @@ def build_corpus(log):
     sha = hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
     description = {"documents": len(docs), "chars": total_chars, "sha256": sha, "sources": stats,
                    "python": sys.version.split()[0], "distribution_versions": versions,
-                   "distribution_licenses": licenses}
-    log(f"corpus: {len(docs)} documents, {total_chars / 1e6:.1f} M chars, sha256 {sha[:16]}")
+                   "distribution_licenses": licenses, "excluded": excluded}
+    log(f"corpus: {len(docs)} documents, {total_chars / 1e6:.1f} M chars, sha256 {sha[:16]}; "
+        f"left out for their license: {', '.join(sorted(excluded))}")
     for label, s in sorted(stats.items(), key=lambda kv: -kv[1]["chars"])[:30]:
         log(f"  {label:28s} {s['docs']:7d} docs {s['chars'] / 1e6:8.2f} M chars")
     return docs, description
