@@ -211,6 +211,10 @@ TokenizerData load_hf_tokenizer(const std::filesystem::path& tokenizer_json) {
 
 Tokenizer::Tokenizer(TokenizerData data)
     : data_(std::move(data)), impl_(std::make_unique<Impl>(data_)) {
+    if (!data_.byte_level || data_.model != "bpe") {
+        throw TokenizerError("tokenizer: only byte-level BPE is supported (model \"" + data_.model +
+                             "\", byte_level " + (data_.byte_level ? "true" : "false") + ")");
+    }
     Impl& im = *impl_;
     const auto n = data_.vocab.size();
     im.special.assign(n, false);
