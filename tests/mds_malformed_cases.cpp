@@ -212,6 +212,12 @@ std::vector<MalformedCase> malformed_cases() {
     c.push_back(manifest_case("tokenizer_added_id_past_vocab", [](MdsTestFile& f) {
         f.manifest["tokenizer"]["added_tokens"][0]["id"] = 40;
     }, "tokenizer.added_tokens[0].id"));
+    c.push_back(manifest_case("tokenizer_bos_past_vocab", [](MdsTestFile& f) {
+        f.manifest["tokenizer"]["bos_id"] = 99;
+    }, "tokenizer.bos_id"));
+    c.push_back(manifest_case("config_topk_method", [](MdsTestFile& f) {
+        f.manifest["config"]["topk_method"] = "noaux_tc";
+    }, "config.topk_method"));
     c.push_back(manifest_case("provenance_nested", [](MdsTestFile& f) {
         f.manifest["provenance"]["nested"] = json::object({{"a", 1}});
     }, "provenance.nested"));

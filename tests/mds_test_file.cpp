@@ -61,8 +61,8 @@ std::vector<uint8_t> random_scales(size_t n, std::mt19937_64& rng) {
 
 ModelConfig test_config(const MdsTestOptions& o) {
     ModelConfig c;
-    c.vocab_size = 40;
-    c.hidden_size = 24;
+    c.vocab_size = o.vocab_size;
+    c.hidden_size = o.hidden_size;
     c.intermediate_size = 40;
     c.moe_intermediate_size = 12;
     c.num_hidden_layers = o.n_layers;

@@ -23,6 +23,8 @@ struct MdsTestOptions {
     bool shared_experts = true;  // n_shared_experts 1, else null
     int n_layers = 3;            // layer 0 dense, layers >= 1 MoE
     int n_experts = 3;           // routed experts per MoE layer
+    int64_t vocab_size = 40;     // >= 34 (the test tokenizer's tokens)
+    int64_t hidden_size = 24;    // raise both to make large files (embed + lm_head: V x D bf16)
 };
 
 struct MdsTestFile {

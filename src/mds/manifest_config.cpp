@@ -7,6 +7,7 @@
 // arithmetic on a hostile config cannot overflow.
 #include "mds/manifest_config.h"
 
+#include <cmath>
 #include <string>
 
 #include "mds/json_fields.h"
@@ -82,6 +83,22 @@ ModelConfig parse_manifest_config(const json& j, const std::string& file) {
     c.bos_token_id = r.i64(j, "bos_token_id", 0, INT64_MAX);
     c.eos_token_id = r.i64(j, "eos_token_id", 0, INT64_MAX);
     c.tie_word_embeddings = r.boolean(j, "tie_word_embeddings");
+
+    // The semantic checks validate_config will own; kept here while this parser is local.
+    if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy")
+        r.fail(r.field("topk_method"), "\"greedy\" or \"group_limited_greedy\"",
+               describe_json(j["topk_method"]));
+    if (c.scoring_func != "softmax")
+        r.fail(r.field("scoring_func"), "\"softmax\"", describe_json(j["scoring_func"]));
+    if (!(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps)))
+        r.fail(r.field("rms_norm_eps"), "a positive finite number", describe_json(j["rms_norm_eps"]));
+    if (!(c.rope_theta > 0 && std::isfinite(c.rope_theta)))
+        r.fail(r.field("rope_theta"), "a positive finite number", describe_json(j["rope_theta"]));
+    if (c.n_routed_experts > 0 && (c.n_routed_experts % c.n_group != 0 || c.topk_group > c.n_group))
+        r.fail(r.field("n_group"),
+               "a divisor of n_routed_experts (" + std::to_string(c.n_routed_experts) +
+                   ") and at least topk_group (" + std::to_string(c.topk_group) + ")",
+               std::to_string(c.n_group));
     return c;
 }
 
