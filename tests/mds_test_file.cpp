@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -74,7 +75,7 @@ ModelConfig test_config(const MdsTestOptions& o) {
     c.v_head_dim = 6;
     c.n_routed_experts = o.n_experts;
     if (o.shared_experts) c.n_shared_experts = 1;
-    c.num_experts_per_tok = 2;
+    c.num_experts_per_tok = std::min(2, o.n_experts);
     c.first_k_dense_replace = 1;
     c.moe_layer_freq = 1;
     c.n_group = 1;
@@ -308,6 +309,7 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
                                       {"expert_dtype", fp8 ? "f8_e4m3" : "bf16"},
                                       {"synthetic", true},
                                       {"seed", o.seed}}}};
+        if (blobs.empty()) f.manifest["experts"] = nullptr;  // a dense-only model
         uint64_t need = align_up(sizeof(mds::mds_preamble) + f.manifest.dump().size() + 2048,
                                  mds::mds_alignment);
         if (need <= f.data_offset) break;
