@@ -197,8 +197,17 @@ tensor* transpose(context& c, tensor* a, int dim0, int dim1);
 tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 
 // ----- compute ops -----
-// table [V, D] (any float dtype; f8 rows use scale [V] if given) , ids [T] i32 -> [T, D] f32
-tensor* get_rows(context& c, tensor* table, tensor* ids);
+// Every op output is a fresh contiguous tensor unless said otherwise; inputs may be strided views.
+// Parameter slots each op records (what a backend reads): scale: fparams[0] = s. rms_norm:
+// src = {x, w}, fparams[0] = eps. softmax: fparams[0] = scale, iparams = {causal, n_past}.
+// matmul: src = {x, w, w_scale}. get_rows: src = {table, ids, table_scale}. moe_topk: iparams =
+// {k, method, n_group, topk_group}. moe_weights: iparams = {k, norm_topk_prob}, fparams[0] =
+// routed_scaling_factor. moe_experts: src = {x, ids, w}, experts. kv_store: src = {pages,
+// page_table, kv_c, k_pe}, iparams[0] = n_past. mla_attn: src = {q_lat, q_pe, pages, page_table},
+// iparams[0] = n_past, fparams[0] = scale. cpy: src = {src, dst}. concat: iparams[0] = dim.
+// table [V, D] (any float dtype; f8 rows use scale [V] if given) , ids [T] i32 -> [T, D] f32.
+// The table may be a strided view. An id outside [0, V) is an error at compute time.
+tensor* get_rows(context& c, tensor* table, tensor* ids, tensor* table_scale = nullptr);
 // x [..., M, K] f32, w [N, K] or [B, N, K] (f32 | bf16 | f8_e4m3 with w_scale [N] or [B, N])
 // -> [..., M, N]. When w has a batch dim, x's dim -3 must equal it. w may be a strided view.
 tensor* matmul(context& c, tensor* x, tensor* w, tensor* w_scale = nullptr);
@@ -222,7 +231,8 @@ tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_para
 tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w,
                     std::shared_ptr<const expert_set> experts);
 
-// Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32, and
+// Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
+// bf16: stored rounded to nearest even, read back to f32), and
 // `page_table` [max_logical_pages] i32 mapping logical page p (positions p·page_size ..) to a
 // physical page index. kv_store writes c [T, r] and k_pe [T, rope] for positions
 // n_past .. n_past+T-1 and returns an alias of `pages` that later readers must take as their source
@@ -259,6 +269,13 @@ struct alloc_plan {
     std::vector<std::pair<tensor*, size_t>> offsets;  // node -> byte offset in arena
 };
 alloc_plan plan_allocation(const graph& g, size_t alignment = 64);
+
+struct buffer;
+// The tensor whose memory t aliases: src[0] for view and kv_store, src[1] (dst) for cpy; else null.
+tensor* alias_source(const tensor& t);
+// Point every planned node into `arena` and resolve alias nodes (view/kv_store/cpy) to their
+// source's address. Checks that every leaf has data. Backends call this inside allocate().
+void apply_plan(graph& g, const alloc_plan& plan, buffer& arena);
 
 // ---------------------------------------------------------------------------------------------
 // backends

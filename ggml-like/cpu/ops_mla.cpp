@@ -1,0 +1,106 @@
+// The paged latent KV cache: kv_store writes c and k_pe rows, mla_attn runs absorbed MLA attention
+// over them. A page table maps logical page p (positions p·page_size ..) to a physical page.
+#include <cmath>
+#include <vector>
+
+#include "cpu_ops.h"
+
+namespace mgl::cpu {
+
+namespace {
+
+// Address of the cache row of position `pos`, checked against the page table and the pages.
+char* cache_row(const tensor& pages, const tensor& page_table, int64_t pos) {
+    const int64_t page_size = pages.shape[1];
+    int32_t phys = load_i32(page_table, pos / page_size);
+    MGL_CHECK(phys >= 0 && phys < pages.shape[0], "page table entry " + std::to_string(pos / page_size) + " = " +
+                                                      std::to_string(phys) + " is outside the " +
+                                                      std::to_string(pages.shape[0]) + " pages");
+    return static_cast<char*>(pages.data) + phys * pages.stride[0] + (pos % page_size) * pages.stride[1];
+}
+
+}  // namespace
+
+void run_kv_store(exec_context&, tensor& node) {
+    // node aliases the pages (same address, shape, strides and dtype).
+    const tensor& page_table = *node.src[1];
+    const tensor& kv_c = *node.src[2];
+    const tensor& k_pe = *node.src[3];
+    const int64_t n_past = node.iparams[0], r = kv_c.shape[1], rope = k_pe.shape[1];
+    const int64_t es = node.stride[2];
+    std::vector<float> row(static_cast<size_t>(r + rope));
+    for (int64_t t = 0; t < kv_c.shape[0]; ++t) {
+        read_row(kv_c, t, row.data());
+        read_row(k_pe, t, row.data() + r);
+        char* dst = cache_row(node, page_table, n_past + t);
+        for (int64_t i = 0; i < r + rope; ++i) store_f32(node.type, dst + i * es, row[size_t(i)]);
+    }
+}
+
+void run_mla_attn(exec_context& ex, tensor& node) {
+    const tensor& q_lat = *node.src[0];
+    const tensor& q_pe = *node.src[1];
+    const tensor& pages = *node.src[2];
+    const tensor& page_table = *node.src[3];
+    const int64_t n_past = node.iparams[0];
+    const float scale = node.fparams[0];
+    const int64_t T = q_lat.shape[0], H = q_lat.shape[1], r = q_lat.shape[2], rope = q_pe.shape[2];
+    const int64_t width = r + rope, es = pages.stride[2];
+    const bool direct = pages.type == dtype::f32 && es == 4;
+
+    // Work items are (token, head) pairs; a chunk handles runs of heads of one token together so
+    // each cache row is read once per run.
+    ex.pool.parallel_for(T * H, [&](int64_t i0, int64_t i1) {
+        std::vector<float> q, scores, converted(static_cast<size_t>(width));
+        for (int64_t i = i0; i < i1;) {
+            const int64_t t = i / H, h0 = i % H, nh = std::min(H - h0, i1 - i);
+            const int64_t n_ctx = n_past + t + 1;
+            q.resize(static_cast<size_t>(nh * width));
+            for (int64_t h = 0; h < nh; ++h) {
+                read_row(q_lat, t * H + h0 + h, q.data() + h * width);
+                read_row(q_pe, t * H + h0 + h, q.data() + h * width + r);
+            }
+            auto row_at = [&](int64_t s) -> const float* {
+                const char* p = cache_row(pages, page_table, s);
+                if (direct) return reinterpret_cast<const float*>(p);
+                for (int64_t e = 0; e < width; ++e) converted[size_t(e)] = load_f32(pages.type, p + e * es);
+                return converted.data();
+            };
+            scores.resize(static_cast<size_t>(nh * n_ctx));
+            for (int64_t s = 0; s < n_ctx; ++s) {
+                const float* kv = row_at(s);
+                for (int64_t h = 0; h < nh; ++h) {
+                    const float* qh = q.data() + h * width;
+                    float dot = 0.0f;
+                    for (int64_t e = 0; e < width; ++e) dot += qh[e] * kv[e];
+                    scores[size_t(h * n_ctx + s)] = dot * scale;
+                }
+            }
+            for (int64_t h = 0; h < nh; ++h) {
+                float* sc = scores.data() + h * n_ctx;
+                float mx = -INFINITY;
+                for (int64_t s = 0; s < n_ctx; ++s) mx = std::max(mx, sc[s]);
+                double sum = 0.0;
+                for (int64_t s = 0; s < n_ctx; ++s) {
+                    sc[s] = std::exp(sc[s] - mx);
+                    sum += sc[s];
+                }
+                auto inv = float(1.0 / sum);
+                for (int64_t s = 0; s < n_ctx; ++s) sc[s] *= inv;
+            }
+            auto* out = static_cast<float*>(node.data);
+            for (int64_t h = 0; h < nh; ++h) std::fill_n(out + (t * H + h0 + h) * r, r, 0.0f);
+            for (int64_t s = 0; s < n_ctx; ++s) {
+                const float* c = row_at(s);
+                for (int64_t h = 0; h < nh; ++h) {
+                    float p = scores[size_t(h * n_ctx + s)];
+                    float* o = out + (t * H + h0 + h) * r;
+                    for (int64_t e = 0; e < r; ++e) o[e] += p * c[e];
+                }
+            }
+            i += nh;
+        }
+    });
+}
+
+}  // namespace mgl::cpu
