@@ -428,6 +428,24 @@ TEST_CASE("convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C t
     CHECK(err_text().find("unknown preset \"v3\"") != std::string::npos);
     const std::string last_err = err_text();
     CHECK(std::count(last_err.begin(), last_err.end(), '\n') == 1);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "no-such-dir" / "b.mds").string()) == 2);
+    CHECK(err_text().find("does not exist") != std::string::npos);
+    CHECK(run(fixture_dir().string() + " -o " + tmp.path.string()) == 2);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "b.mds").string() + " --threads -2") == 2);
+
+    // A hostile checkpoint through the CLI: a header length over 100 MB.
+    CheckpointCopy ck;
+    std::vector<uint8_t> bytes(64, 0);
+    uint64_t n = 200ull << 20;
+    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = uint8_t(n >> (8 * i));
+    test::write_bytes(ck.dir.path / "model.safetensors", bytes.data(), bytes.size());
+    CHECK(run(ck.dir.path.string() + " -o " + (tmp.path / "h.mds").string()) == 2);
+    const std::string hostile = err_text();
+    CHECK(hostile.find("model.safetensors: header length: expected at most 104857600 bytes, found 209715200") !=
+          std::string::npos);
+    CHECK(std::count(hostile.begin(), hostile.end(), '\n') == 1);
+    CHECK(!fs::exists(tmp.path / "h.mds"));
+    CHECK(!fs::exists(tmp.path / "h.mds.tmp"));
 
     // Interrupt a large synthetic conversion shortly after it starts.
     const fs::path big = tmp.path / "big.mds";

@@ -47,6 +47,10 @@ int run_convert(const ConvertArgs& a) {
         std::fprintf(stderr, "minids convert: expected either HF_DIR or --synthetic PRESET (exactly one)\n");
         return exit_bad_input;
     }
+    if (a.threads < 0) {
+        std::fprintf(stderr, "minids convert: --threads: expected 0 (all) or a positive count, found %d\n", a.threads);
+        return exit_bad_input;
+    }
     if (a.out.empty() && !a.dry_run) {
         std::fprintf(stderr, "minids convert: expected an output file (-o OUT.mds)\n");
         return exit_bad_input;

@@ -49,6 +49,8 @@ json read_tokenizer(const fs::path& dir) {
         return tokenizer_data_to_json(tokenizer_data_from_hf(tok, cfg));
     } catch (const TokenizerError& e) {
         throw InputError(tok_path.string() + ": " + e.what());
+    } catch (const nlohmann::json::exception& e) {  // a field of an unexpected JSON type
+        throw InputError(tok_path.string() + ": unexpected content (" + e.what() + ")");
     }
 }
 
@@ -175,6 +177,16 @@ private:
 
 }  // namespace
 
+void check_output_path(const fs::path& out, bool force) {
+    std::error_code ec;
+    if (!force && fs::exists(out, ec))
+        throw InputError(out.string() + ": the output file already exists (use --force to overwrite it)");
+    if (fs::is_directory(out, ec)) throw InputError(out.string() + ": expected an output file name, found a directory");
+    fs::path dir = fs::absolute(out, ec).parent_path();
+    if (!fs::is_directory(dir, ec))
+        throw InputError(out.string() + ": the output directory " + dir.string() + " does not exist");
+}
+
 bool parse_expert_dtype(const std::string& s, mgl::dtype& out) {
     if (s == "fp8" || s == "f8_e4m3" || s == "e4m3") out = mgl::dtype::f8_e4m3;
     else if (s == "bf16") out = mgl::dtype::bf16;
@@ -189,8 +201,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     std::error_code ec;
     if (!fs::is_directory(opt.hf_dir, ec))
         throw InputError(opt.hf_dir.string() + ": expected a Hugging Face checkpoint directory, found none");
-    if (!opt.force && fs::exists(opt.out, ec))
-        throw InputError(opt.out.string() + ": the output file already exists (use --force to overwrite it)");
+    check_output_path(opt.out, opt.force);
 
     ModelConfig config = read_config(opt.hf_dir);
     json tokenizer = read_tokenizer(opt.hf_dir);

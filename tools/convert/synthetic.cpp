@@ -226,9 +226,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
     if (tok.bos_id) config.bos_token_id = *tok.bos_id;
     if (tok.eos_id) config.eos_token_id = *tok.eos_id;
     validate_config(config);
-    std::error_code ec;
-    if (!opt.dry_run && !opt.force && fs::exists(opt.out, ec))
-        throw InputError(opt.out.string() + ": the output file already exists (use --force to overwrite it)");
+    if (!opt.dry_run) check_output_path(opt.out, opt.force);
 
     mds::MdsWriter w(opt.out, opt.force);
     ModelPlan plan = plan_model(config, opt.expert_dtype, true, w);
