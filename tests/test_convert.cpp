@@ -321,7 +321,7 @@ TEST_CASE("convert: refuses to overwrite without --force; OUT.tmp never survives
     e->bytes[10] = 0xC0;  // bf16 0x7FC0: NaN
     e->bytes[11] = 0x7F;
     std::string msg = bad.convert_error();
-    CHECK(msg.find("model.layers.3.mlp.experts.15.down_proj.weight: row 0 holds a NaN") !=
+    CHECK(msg.find("model.safetensors: tensor \"model.layers.3.mlp.experts.15.down_proj.weight\": row 0 holds a NaN") !=
           std::string::npos);
 }
 

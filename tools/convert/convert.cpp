@@ -135,12 +135,12 @@ public:
                 }
             }
             parallel_for(end - start, threads_,
-                         [&](size_t k) { write_item(items[start + k], data); });
+                         [&](size_t k) { write_item(items[start + k], data, header.path); });
         }
     }
 
 private:
-    void write_item(size_t i, const uint8_t* data) {
+    void write_item(size_t i, const uint8_t* data, const fs::path& file) {
         const ExpectedTensor& e = plan_.tensors[i];
         const StTensor& t = *sources_[i].tensor;
         const uint8_t* src = data + t.begin;
@@ -170,7 +170,7 @@ private:
             int64_t bad = quantize_rows_e4m3(t.dtype, src, e.shape[0], e.shape[1], dst,
                                              st.bytes.data() + scale_part.offset);
             if (bad >= 0)
-                throw InputError(t.name + ": row " + std::to_string(bad) +
+                throw InputError(file.string() + ": tensor \"" + t.name + "\": row " + std::to_string(bad) +
                                  " holds a NaN or infinity; expected finite weights to quantize");
         }
         progress_.add(t.nbytes());
