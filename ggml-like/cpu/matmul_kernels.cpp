@@ -36,6 +36,14 @@ namespace {
 // x rows are processed in blocks so a block stays in cache while every weight row streams by.
 constexpr int64_t m_block = 32;
 
+// Software prefetch distance for the weight stream, in bytes. FP8 and BF16 rows do several times
+// more work per cache line than F32, so the hardware prefetcher alone keeps too few lines in
+// flight; prefetching this far ahead raised single-thread streaming rates (see docs/perf.md).
+constexpr int64_t prefetch_bytes = 4096;
+
+template <dtype T>
+constexpr int64_t element_bytes = T == dtype::f32 ? 4 : T == dtype::bf16 ? 2 : 1;
+
 template <dtype T>
 float scalar_weight(const uint8_t* w, int64_t k) {
     if constexpr (T == dtype::f32) {
@@ -114,8 +122,11 @@ MGL_AVX2 void dot_avx2(const matmul_job& j, const float* x, const uint8_t* w, fl
     __m256 acc[MB][U];
     for (int m = 0; m < MB; ++m)
         for (int u = 0; u < U; ++u) acc[m][u] = _mm256_setzero_ps();
+    constexpr int64_t elem = element_bytes<T>;
     int64_t k = 0;
     for (; k + 8 * U <= j.K; k += 8 * U) {
+        for (int64_t b = 0; b < 8 * U * elem; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m256 wv = load8<T>(w, k + 8 * u);
@@ -194,8 +205,11 @@ MGL_AVX512 void dot_avx512(const matmul_job& j, const float* x, const uint8_t* w
     __m512 acc[MB][U];
     for (int m = 0; m < MB; ++m)
         for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+    constexpr int64_t elem = element_bytes<T>;
     int64_t k = 0;
     for (; k + 16 * U <= j.K; k += 16 * U) {
+        for (int64_t b = 0; b < 16 * U * elem; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m512 wv = load16<T>(w, k + 16 * u);
