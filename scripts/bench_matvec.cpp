@@ -4,19 +4,19 @@
 //   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB]
 //
 // Bandwidth: a read-only sum over a buffer far larger than the last-level cache, on the same
-// number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles through enough copies of the weight matrix that
-// every call streams it from memory, not from cache. Reported: median time of the repeats after
-// warm-up, GB/s of weight bytes (1 GB = 1e9 B), and that rate as a fraction of the bandwidth;
-// the best (fastest) call against the best bandwidth slice, and rates per CPU time (process CPU
-// time / threads, which leaves out time spent preempted), since on a shared machine wall-clock
-// medians move with the other jobs.
+// number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles
+// through enough copies of the weight matrix that every call streams it from memory, not from
+// cache. Reported: median time of the repeats after warm-up, GB/s of weight bytes (1 GB = 1e9 B),
+// and that rate as a fraction of the bandwidth; the best (fastest) call against the best bandwidth
+// slice, and rates per CPU time (process CPU time / threads, which leaves out time spent
+// preempted), since on a shared machine wall-clock medians move with the other jobs.
+#include <time.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <time.h>
 #include <string>
 #include <vector>
 
@@ -66,7 +66,8 @@ std::string cpu_model() {
 
 size_t last_level_cache_bytes() {
     for (int index = 4; index >= 0; --index) {
-        std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+        std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) +
+                         "/size");
         std::string s;
         if (in >> s && !s.empty()) {
             size_t v = std::stoull(s);
@@ -117,12 +118,14 @@ struct rate {
     double median_gbs = 0, best_gbs = 0, cpu_gbs = 0;  // cpu: bytes per (CPU time / threads)
 };
 
-rate rates(double bytes, const std::vector<double>& wall, const std::vector<double>& cpu_per_thread) {
+rate rates(double bytes, const std::vector<double>& wall,
+           const std::vector<double>& cpu_per_thread) {
     return {bytes / median(wall) / 1e9, bytes / *std::min_element(wall.begin(), wall.end()) / 1e9,
             bytes / median(cpu_per_thread) / 1e9};
 }
 
-rate measure_bandwidth(thread_pool_ref pool, int n_threads, size_t bytes, size_t slice, uint64_t& checksum) {
+rate measure_bandwidth(thread_pool_ref pool, int n_threads, size_t bytes, size_t slice,
+                       uint64_t& checksum) {
     std::vector<uint8_t> buf(bytes);
     for (size_t i = 0; i < bytes; i += 4096) buf[i] = uint8_t(i >> 12);  // touch every page
     std::vector<double> times, cpu_times;
@@ -133,7 +136,8 @@ rate measure_bandwidth(thread_pool_ref pool, int n_threads, size_t bytes, size_t
             auto t0 = clock_type::now();
             pool.parallel_for(n_threads, [&](int64_t b, int64_t e) {
                 for (int64_t c = b; c < e; ++c) {
-                    size_t lo = slice * size_t(c) / size_t(n_threads), hi = slice * size_t(c + 1) / size_t(n_threads);
+                    size_t lo = slice * size_t(c) / size_t(n_threads),
+                           hi = slice * size_t(c + 1) / size_t(n_threads);
                     partial[size_t(c)] += sum_bytes(buf.data() + off + lo, hi - lo);
                 }
             });
@@ -161,24 +165,29 @@ int main(int argc, char** argv) {
     size_t pool_mib = 0;
     app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
     app.add_option("--reps", reps, "timed calls per shape and dtype (after warm-up)");
-    app.add_option("--pool-mib", pool_mib, "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
+    app.add_option("--pool-mib", pool_mib,
+                   "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
     CLI11_PARSE(app, argc, argv);
     if (n_threads <= 0) n_threads = mgl::physical_cores();
     const size_t llc = last_level_cache_bytes();
-    const size_t pool_bytes = pool_mib ? pool_mib << 20 : std::max<size_t>(size_t(1) << 30, 3 * llc);
+    const size_t pool_bytes =
+        pool_mib ? pool_mib << 20 : std::max<size_t>(size_t(1) << 30, 3 * llc);
 
     std::printf("machine: %s, %d threads, last-level cache %zu MiB, weight pool per case %zu MiB\n",
                 cpu_model().c_str(), n_threads, llc >> 20, pool_bytes >> 20);
     uint64_t checksum = 0;
-    const size_t bw_bytes = std::max<size_t>(pool_bytes, size_t(2) << 30), bw_slice = size_t(32) << 20;
+    const size_t bw_bytes = std::max<size_t>(pool_bytes, size_t(2) << 30), bw_slice = size_t(32)
+                                                                                      << 20;
     rate bw;
     {
         mgl::cpu::thread_pool pool(n_threads);
         bw = measure_bandwidth(pool, n_threads, bw_bytes, bw_slice, checksum);
     }
-    std::printf("memory bandwidth (read-only sum over %zu MiB in %zu MiB slices, %d threads): median %.1f GB/s, "
-                "best %.1f GB/s, per CPU time %.1f GB/s\n\n",
-                bw_bytes >> 20, bw_slice >> 20, n_threads, bw.median_gbs, bw.best_gbs, bw.cpu_gbs);
+    std::printf(
+        "memory bandwidth (read-only sum over %zu MiB in %zu MiB slices, %d threads): median %.1f "
+        "GB/s, "
+        "best %.1f GB/s, per CPU time %.1f GB/s\n\n",
+        bw_bytes >> 20, bw_slice >> 20, n_threads, bw.median_gbs, bw.best_gbs, bw.cpu_gbs);
 
     const shape shapes[] = {{2048, 1408, "expert down"},
                             {1408, 2048, "expert gate/up"},
@@ -186,8 +195,10 @@ int main(int argc, char** argv) {
                             {2048, 102400, ""},
                             {102400, 2048, "lm_head"}};
     auto be = mgl::make_cpu_backend(n_threads);
-    std::printf("| N x K (out x in) | dtype | weight MB | median ms | GB/s | of bw | best GB/s | of best bw "
-                "| GB/s per CPU time | of bw per CPU time |\n");
+    std::printf(
+        "| N x K (out x in) | dtype | weight MB | median ms | GB/s | of bw | best GB/s | of best "
+        "bw "
+        "| GB/s per CPU time | of bw per CPU time |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     std::mt19937_64 rng(1);
     for (const shape& s : shapes) {
@@ -207,7 +218,8 @@ int main(int argc, char** argv) {
                 }
                 if (t == mgl::dtype::f8_e4m3) *p = mgl::f32_to_e4m3(v * 100.0f);
             }
-            for (size_t c = 1; c < copies; ++c) std::memcpy(pool.data() + c * w_bytes, pool.data(), w_bytes);
+            for (size_t c = 1; c < copies; ++c)
+                std::memcpy(pool.data() + c * w_bytes, pool.data(), w_bytes);
             std::vector<float> x(size_t(s.K)), scale(size_t(s.N), 0.01f);
             for (auto& v : x) v = dist(rng);
 
@@ -241,11 +253,13 @@ int main(int argc, char** argv) {
                 checksum += uint64_t(static_cast<const float*>(g.outputs[0]->data)[0] != 0.0f);
             }
             rate r = rates(double(w_bytes), times, cpu_times);
-            std::printf("| %lld x %lld%s%s%s | %s | %.1f | %.3f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f |\n",
-                        (long long)s.N, (long long)s.K, *s.note ? " (" : "", s.note, *s.note ? ")" : "",
-                        mgl::dtype_name(t), double(w_bytes) / 1e6, median(times) * 1e3, r.median_gbs,
-                        r.median_gbs / bw.median_gbs, r.best_gbs, r.best_gbs / bw.best_gbs, r.cpu_gbs,
-                        r.cpu_gbs / bw.cpu_gbs);
+            std::printf(
+                "| %lld x %lld%s%s%s | %s | %.1f | %.3f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f "
+                "|\n",
+                (long long)s.N, (long long)s.K, *s.note ? " (" : "", s.note, *s.note ? ")" : "",
+                mgl::dtype_name(t), double(w_bytes) / 1e6, median(times) * 1e3, r.median_gbs,
+                r.median_gbs / bw.median_gbs, r.best_gbs, r.best_gbs / bw.best_gbs, r.cpu_gbs,
+                r.cpu_gbs / bw.cpu_gbs);
             std::fflush(stdout);
         }
     }

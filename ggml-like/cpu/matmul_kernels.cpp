@@ -24,10 +24,14 @@ namespace mgl::cpu {
 
 matmul_rows_fn matmul_kernels::for_type(dtype t) const {
     switch (t) {
-        case dtype::f32: return f32;
-        case dtype::bf16: return bf16;
-        case dtype::f8_e4m3: return f8_e4m3;
-        default: return nullptr;
+        case dtype::f32:
+            return f32;
+        case dtype::bf16:
+            return bf16;
+        case dtype::f8_e4m3:
+            return f8_e4m3;
+        default:
+            return nullptr;
     }
 }
 
@@ -42,7 +46,9 @@ constexpr int64_t m_block = 32;
 constexpr int64_t prefetch_bytes = 4096;
 
 template <dtype T>
-constexpr int64_t element_bytes = T == dtype::f32 ? 4 : T == dtype::bf16 ? 2 : 1;
+constexpr int64_t element_bytes = T == dtype::f32    ? 4
+                                  : T == dtype::bf16 ? 2
+                                                     : 1;
 
 template <dtype T>
 float scalar_weight(const uint8_t* w, int64_t k) {
@@ -100,7 +106,8 @@ MGL_AVX2 inline __m256 load8(const uint8_t* w, int64_t k) {
     if constexpr (T == dtype::f32) {
         return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + k);
     } else if constexpr (T == dtype::bf16) {
-        __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + k));
+        __m128i h = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
         __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
@@ -126,13 +133,15 @@ MGL_AVX2 void dot_avx2(const matmul_job& j, const float* x, const uint8_t* w, fl
     int64_t k = 0;
     for (; k + 8 * U <= j.K; k += 8 * U) {
         for (int64_t b = 0; b < 8 * U * elem; b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes),
+                         _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m256 wv = load8<T>(w, k + 8 * u);
 #pragma GCC unroll 4
             for (int m = 0; m < MB; ++m)
-                acc[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * j.x_stride + k + 8 * u), wv, acc[m][u]);
+                acc[m][u] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(x + m * j.x_stride + k + 8 * u), wv, acc[m][u]);
         }
     }
     for (; k + 8 <= j.K; k += 8) {
@@ -145,7 +154,8 @@ MGL_AVX2 void dot_avx2(const matmul_job& j, const float* x, const uint8_t* w, fl
         for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[m][u]);
         float sum = hsum8(s);
         if constexpr (T == dtype::f8_e4m3) sum *= f8_via_f16_rescale;
-        for (int64_t kk = k; kk < j.K; ++kk) sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
+        for (int64_t kk = k; kk < j.K; ++kk)
+            sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
         out[m] = sum;
     }
 }
@@ -180,7 +190,8 @@ MGL_AVX512 inline __m512 load16(const uint8_t* w, int64_t k) {
     if constexpr (T == dtype::f32) {
         return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + k);
     } else if constexpr (T == dtype::bf16) {
-        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + k));
+        __m256i h = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     } else {
         __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
@@ -209,13 +220,15 @@ MGL_AVX512 void dot_avx512(const matmul_job& j, const float* x, const uint8_t* w
     int64_t k = 0;
     for (; k + 16 * U <= j.K; k += 16 * U) {
         for (int64_t b = 0; b < 16 * U * elem; b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes),
+                         _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m512 wv = load16<T>(w, k + 16 * u);
 #pragma GCC unroll 4
             for (int m = 0; m < MB; ++m)
-                acc[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * j.x_stride + k + 16 * u), wv, acc[m][u]);
+                acc[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * j.x_stride + k + 16 * u), wv,
+                                            acc[m][u]);
         }
     }
     for (; k + 16 <= j.K; k += 16) {
@@ -228,7 +241,8 @@ MGL_AVX512 void dot_avx512(const matmul_job& j, const float* x, const uint8_t* w
         for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
         float sum = hsum16(s);
         if constexpr (T == dtype::f8_e4m3) sum *= f8_via_f16_rescale;
-        for (int64_t kk = k; kk < j.K; ++kk) sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
+        for (int64_t kk = k; kk < j.K; ++kk)
+            sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
         out[m] = sum;
     }
 }
@@ -259,10 +273,12 @@ bool cpu_has_f16c() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // clang's __builtin_cpu_supports lacks "f16c"
     return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
 }
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c(); }
+bool cpu_has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+}
 bool cpu_has_avx512() {
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 #endif  // MGL_X86
@@ -270,15 +286,19 @@ bool cpu_has_avx512() {
 }  // namespace
 
 matmul_kernels scalar_matmul_kernels() {
-    return {"scalar", rows_scalar<dtype::f32>, rows_scalar<dtype::bf16>, rows_scalar<dtype::f8_e4m3>};
+    return {"scalar", rows_scalar<dtype::f32>, rows_scalar<dtype::bf16>,
+            rows_scalar<dtype::f8_e4m3>};
 }
 
 std::vector<matmul_kernels> available_matmul_kernels() {
     std::vector<matmul_kernels> sets{scalar_matmul_kernels()};
 #ifdef MGL_X86
-    if (cpu_has_avx2()) sets.push_back({"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>, rows_avx2<dtype::f8_e4m3>});
+    if (cpu_has_avx2())
+        sets.push_back(
+            {"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>, rows_avx2<dtype::f8_e4m3>});
     if (cpu_has_avx512())
-        sets.push_back({"avx512", rows_avx512<dtype::f32>, rows_avx512<dtype::bf16>, rows_avx512<dtype::f8_e4m3>});
+        sets.push_back({"avx512", rows_avx512<dtype::f32>, rows_avx512<dtype::bf16>,
+                        rows_avx512<dtype::f8_e4m3>});
 #endif
     return sets;
 }

@@ -43,10 +43,14 @@ void rows_transposed(const matmul_job& j, int64_t k_stride, int64_t n0, int64_t 
 
 void rows_transposed_any(const matmul_job& j, int64_t k_stride, int64_t n0, int64_t n1) {
     switch (j.type) {
-        case dtype::f32: return rows_transposed<dtype::f32>(j, k_stride, n0, n1);
-        case dtype::bf16: return rows_transposed<dtype::bf16>(j, k_stride, n0, n1);
-        case dtype::f8_e4m3: return rows_transposed<dtype::f8_e4m3>(j, k_stride, n0, n1);
-        default: fail(__FILE__, __LINE__, "matmul: unsupported weight dtype");
+        case dtype::f32:
+            return rows_transposed<dtype::f32>(j, k_stride, n0, n1);
+        case dtype::bf16:
+            return rows_transposed<dtype::bf16>(j, k_stride, n0, n1);
+        case dtype::f8_e4m3:
+            return rows_transposed<dtype::f8_e4m3>(j, k_stride, n0, n1);
+        default:
+            fail(__FILE__, __LINE__, "matmul: unsupported weight dtype");
     }
 }
 
@@ -57,7 +61,8 @@ void rows_generic(const matmul_job& j, int64_t n_stride, int64_t k_stride, int64
         const float* x = j.x + m * j.x_stride;
         for (int64_t n = n0; n < n1; ++n) {
             float s = 0.0f;
-            for (int64_t k = 0; k < j.K; ++k) s += x[k] * load_f32(j.type, w + n * n_stride + k * k_stride);
+            for (int64_t k = 0; k < j.K; ++k)
+                s += x[k] * load_f32(j.type, w + n * n_stride + k * k_stride);
             j.y[m * j.y_stride + n] = s * (j.scale ? j.scale[n] : 1.0f);
         }
     }
@@ -72,8 +77,10 @@ int64_t min_rows_per_chunk(const matmul_job& j) {
 
 void matmul_parallel(exec_context& ex, const matmul_job& job, int64_t N) {
     matmul_rows_fn fn = ex.kernels.for_type(job.type);
-    MGL_CHECK(fn != nullptr, std::string("matmul: no kernel for weight dtype ") + dtype_name(job.type));
-    ex.pool.parallel_for(N, [&](int64_t n0, int64_t n1) { fn(job, n0, n1); }, min_rows_per_chunk(job));
+    MGL_CHECK(fn != nullptr,
+              std::string("matmul: no kernel for weight dtype ") + dtype_name(job.type));
+    ex.pool.parallel_for(
+        N, [&](int64_t n0, int64_t n1) { fn(job, n0, n1); }, min_rows_per_chunk(job));
 }
 
 void run_matmul(exec_context& ex, tensor& node) {
@@ -117,7 +124,8 @@ void run_matmul(exec_context& ex, tensor& node) {
                 min_rows_per_chunk(job));
         } else {
             ex.pool.parallel_for(
-                N, [&](int64_t n0, int64_t n1) { rows_generic(job, w_n_stride, w_k_stride, n0, n1); },
+                N,
+                [&](int64_t n0, int64_t n1) { rows_generic(job, w_n_stride, w_k_stride, n0, n1); },
                 min_rows_per_chunk(job));
         }
     }

@@ -13,10 +13,11 @@ namespace {
 char* cache_row(const tensor& pages, const tensor& page_table, int64_t pos) {
     const int64_t page_size = pages.shape[1];
     int32_t phys = load_i32(page_table, pos / page_size);
-    MGL_CHECK(phys >= 0 && phys < pages.shape[0], "page table entry " + std::to_string(pos / page_size) + " = " +
-                                                      std::to_string(phys) + " is outside the " +
-                                                      std::to_string(pages.shape[0]) + " pages");
-    return static_cast<char*>(pages.data) + phys * pages.stride[0] + (pos % page_size) * pages.stride[1];
+    MGL_CHECK(phys >= 0 && phys < pages.shape[0],
+              "page table entry " + std::to_string(pos / page_size) + " = " + std::to_string(phys) +
+                  " is outside the " + std::to_string(pages.shape[0]) + " pages");
+    return static_cast<char*>(pages.data) + phys * pages.stride[0] +
+           (pos % page_size) * pages.stride[1];
 }
 
 }  // namespace
@@ -63,7 +64,8 @@ void run_mla_attn(exec_context& ex, tensor& node) {
             auto row_at = [&](int64_t s) -> const float* {
                 const char* p = cache_row(pages, page_table, s);
                 if (direct) return reinterpret_cast<const float*>(p);
-                for (int64_t e = 0; e < width; ++e) converted[size_t(e)] = load_f32(pages.type, p + e * es);
+                for (int64_t e = 0; e < width; ++e)
+                    converted[size_t(e)] = load_f32(pages.type, p + e * es);
                 return converted.data();
             };
             scores.resize(static_cast<size_t>(nh * n_ctx));
