@@ -137,28 +137,38 @@ TEST_CASE("mgl matmul: permuted and inner-strided x") {
                                   T, K, 1, N));
 }
 
-TEST_CASE("mgl matmul: W_uk and W_uv taken as strided views of a bf16 W_kv_b") {
+TEST_CASE(
+    "mgl matmul: W_uk and W_uv taken as strided views of W_kv_b, every dtype and kernel set") {
     // DeepSeek-V2's absorbed MLA: W_kv_b [H·(nope+v), r] -> [H, nope+v, r]; W_uk = rows [0, nope)
     // used transposed ([H, r, nope], K stride r elements), W_uv = rows [nope, nope+v) used as is.
-    const int64_t H = 3, nope = 10, v = 7, r = 19, T = 4;
-    for (dtype wt : {dtype::bf16, dtype::f32}) {
-        harness h;
-        mgl::tensor* kv_b = h.random(wt, {H * (nope + v), r}, 31, -1.0f, 1.0f, "kv_b_proj.weight");
-        mgl::tensor* per_head = mgl::reshape(h.ctx, kv_b, {H, nope + v, r});
-        mgl::tensor* w_uk =
-            mgl::transpose(h.ctx, mgl::slice(h.ctx, per_head, 1, 0, nope), 1, 2);  // [H, r, nope]
-        mgl::tensor* w_uv = mgl::slice(h.ctx, per_head, 1, nope, v);               // [H, v, r]
-        CHECK_FALSE(w_uk->is_contiguous());
-        mgl::tensor* q_nope = h.random(dtype::f32, {H, T, nope}, 32);
-        mgl::tensor* q_lat = mgl::matmul(h.ctx, q_nope, w_uk);  // [H, T, r]
-        auto got_lat = h.run(q_lat);
-        check_matmul(got_lat, ref_matmul(harness::read_all(*q_nope), harness::read_all(*w_uk), {},
-                                         H, T, nope, H, r));
-        mgl::tensor* o_lat = h.random(dtype::f32, {H, T, r}, 33);
-        mgl::tensor* o = mgl::matmul(h.ctx, o_lat, w_uv);  // [H, T, v]
-        auto got_o = h.run(o);
-        check_matmul(got_o, ref_matmul(harness::read_all(*o_lat), harness::read_all(*w_uv), {}, H,
-                                       T, r, H, v));
+    // r = 291 spans a full 256-output block of the transposed kernels plus an odd tail.
+    const int64_t H = 3, nope = 10, v = 7, r = 291, T = 4;
+    for (const auto& ks : mgl::cpu::available_matmul_kernels()) {
+        CAPTURE(ks.isa);
+        for (dtype wt : {dtype::bf16, dtype::f32, dtype::f8_e4m3}) {
+            CAPTURE(mgl::dtype_name(wt));
+            harness h(mgl::cpu::make_cpu_backend_with(2, ks));
+            mgl::tensor* kv_b =
+                h.random(wt, {H * (nope + v), r}, 31, -1.0f, 1.0f, "kv_b_proj.weight");
+            mgl::tensor* per_head = mgl::reshape(h.ctx, kv_b, {H, nope + v, r});
+            mgl::tensor* w_uk = mgl::transpose(h.ctx, mgl::slice(h.ctx, per_head, 1, 0, nope), 1,
+                                               2);                        // [H, r, nope]
+            mgl::tensor* w_uv = mgl::slice(h.ctx, per_head, 1, nope, v);  // [H, v, r]
+            CHECK_FALSE(w_uk->is_contiguous());
+            // An f8 weight's scale is per output row of the view ([H, r] for W_uk).
+            mgl::tensor* s_uk =
+                wt == dtype::f8_e4m3 ? h.random(dtype::f32, {H, r}, 34, 0.5f, 2.0f, "s") : nullptr;
+            mgl::tensor* q_nope = h.random(dtype::f32, {H, T, nope}, 32);
+            mgl::tensor* q_lat = mgl::matmul(h.ctx, q_nope, w_uk, s_uk);  // [H, T, r]
+            auto got_lat = h.run(q_lat);
+            check_matmul(got_lat, ref_matmul(harness::read_all(*q_nope), harness::read_all(*w_uk),
+                                             scales_of(s_uk), H, T, nope, H, r));
+            mgl::tensor* o_lat = h.random(dtype::f32, {H, T, r}, 33);
+            mgl::tensor* o = mgl::matmul(h.ctx, o_lat, w_uv);  // [H, T, v]
+            auto got_o = h.run(o);
+            check_matmul(got_o, ref_matmul(harness::read_all(*o_lat), harness::read_all(*w_uv), {},
+                                           H, T, r, H, v));
+        }
     }
 }
 

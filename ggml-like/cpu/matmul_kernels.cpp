@@ -35,7 +35,23 @@ matmul_rows_fn matmul_kernels::for_type(dtype t) const {
     }
 }
 
+matmul_cols_fn matmul_kernels::cols_for_type(dtype t) const {
+    switch (t) {
+        case dtype::f32:
+            return cols_f32;
+        case dtype::bf16:
+            return cols_bf16;
+        case dtype::f8_e4m3:
+            return cols_f8_e4m3;
+        default:
+            return nullptr;
+    }
+}
+
 namespace {
+
+// Outputs per block of the transposed (cols) kernels: the accumulators stay in L1.
+constexpr int64_t n_block = 256;
 
 // x rows are processed in blocks so a block stays in cache while every weight row streams by.
 constexpr int64_t m_block = 32;
@@ -84,6 +100,24 @@ void rows_scalar(const matmul_job& j, int64_t n0, int64_t n1) {
             }
             float sc = j.scale ? j.scale[n] : 1.0f;
             for (int64_t m = mb; m < me; ++m) j.y[m * j.y_stride + n] = acc[m - mb] * sc;
+        }
+    }
+}
+
+template <dtype T>
+void cols_scalar(const matmul_job& j, int64_t n0, int64_t n1) {
+    float acc[n_block];
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb);
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                for (int64_t i = 0; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
         }
     }
 }
@@ -182,6 +216,30 @@ MGL_AVX2 void rows_avx2(const matmul_job& j, int64_t n0, int64_t n1) {
     }
 }
 
+template <dtype T>
+MGL_AVX2 void cols_avx2(const matmul_job& j, int64_t n0, int64_t n1) {
+    alignas(32) float acc[n_block];
+    // The SIMD loads of e4m3 give value·2^-8; scaling x by 2^8 is exact and undoes it.
+    const float simd_x_scale = T == dtype::f8_e4m3 ? f8_via_f16_rescale : 1.0f;
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb), nv = len / 8 * 8;
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                const __m256 xv = _mm256_set1_ps(x[k] * simd_x_scale);
+                for (int64_t i = 0; i < nv; i += 8)
+                    _mm256_store_ps(
+                        acc + i, _mm256_fmadd_ps(xv, load8<T>(w, nb + i), _mm256_load_ps(acc + i)));
+                for (int64_t i = nv; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
+        }
+    }
+}
+
 // ----- AVX-512 (F + BW + VL): 16 lanes -----
 #define MGL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
@@ -269,6 +327,29 @@ MGL_AVX512 void rows_avx512(const matmul_job& j, int64_t n0, int64_t n1) {
     }
 }
 
+template <dtype T>
+MGL_AVX512 void cols_avx512(const matmul_job& j, int64_t n0, int64_t n1) {
+    alignas(64) float acc[n_block];
+    const float simd_x_scale = T == dtype::f8_e4m3 ? f8_via_f16_rescale : 1.0f;
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb), nv = len / 16 * 16;
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                const __m512 xv = _mm512_set1_ps(x[k] * simd_x_scale);
+                for (int64_t i = 0; i < nv; i += 16)
+                    _mm512_store_ps(acc + i, _mm512_fmadd_ps(xv, load16<T>(w, nb + i),
+                                                             _mm512_load_ps(acc + i)));
+                for (int64_t i = nv; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
+        }
+    }
+}
+
 bool cpu_has_f16c() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // clang's __builtin_cpu_supports lacks "f16c"
     return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
@@ -286,19 +367,28 @@ bool cpu_has_avx512() {
 }  // namespace
 
 matmul_kernels scalar_matmul_kernels() {
-    return {"scalar", rows_scalar<dtype::f32>, rows_scalar<dtype::bf16>,
-            rows_scalar<dtype::f8_e4m3>};
+    return {"scalar",
+            rows_scalar<dtype::f32>,
+            rows_scalar<dtype::bf16>,
+            rows_scalar<dtype::f8_e4m3>,
+            cols_scalar<dtype::f32>,
+            cols_scalar<dtype::bf16>,
+            cols_scalar<dtype::f8_e4m3>};
 }
 
 std::vector<matmul_kernels> available_matmul_kernels() {
     std::vector<matmul_kernels> sets{scalar_matmul_kernels()};
 #ifdef MGL_X86
-    if (cpu_has_avx2())
-        sets.push_back(
-            {"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>, rows_avx2<dtype::f8_e4m3>});
-    if (cpu_has_avx512())
+    if (cpu_has_avx2()) {
+        sets.push_back({"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>,
+                        rows_avx2<dtype::f8_e4m3>, cols_avx2<dtype::f32>, cols_avx2<dtype::bf16>,
+                        cols_avx2<dtype::f8_e4m3>});
+    }
+    if (cpu_has_avx512()) {
         sets.push_back({"avx512", rows_avx512<dtype::f32>, rows_avx512<dtype::bf16>,
-                        rows_avx512<dtype::f8_e4m3>});
+                        rows_avx512<dtype::f8_e4m3>, cols_avx512<dtype::f32>,
+                        cols_avx512<dtype::bf16>, cols_avx512<dtype::f8_e4m3>});
+    }
 #endif
     return sets;
 }
