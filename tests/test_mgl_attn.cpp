@@ -50,13 +50,23 @@ double round_as(dtype t, double v) {
 }  // namespace
 
 TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill, then decode)") {
-    for (dtype cache_type : {dtype::f32, dtype::bf16}) {
-        CAPTURE(mgl::dtype_name(cache_type));
+    // Variants: f32 and bf16 caches (the SIMD kernel path), and an f32 cache whose elements are
+    // two floats apart (a view; the generic path).
+    for (int variant = 0; variant < 3; ++variant) {
+        const dtype cache_type = variant == 1 ? dtype::bf16 : dtype::f32;
+        const int64_t spread = variant == 2 ? 2 : 1;
+        CAPTURE(variant);
         harness h;
         std::vector<uint8_t> zeros(
-            size_t(n_pages * page_size * width) * mgl::dtype_size(cache_type), 0);
-        mgl::tensor* pages =
-            h.leaf(cache_type, {n_pages, page_size, width}, zeros.data(), zeros.size(), "kv_pages");
+            size_t(n_pages * page_size * width * spread) * mgl::dtype_size(cache_type), 0);
+        mgl::tensor* storage = h.leaf(cache_type, {n_pages, page_size, width * spread},
+                                      zeros.data(), zeros.size(), "kv_pages");
+        mgl::tensor* pages = storage;
+        if (spread > 1) {
+            const int64_t shape[3] = {n_pages, page_size, width};
+            const int64_t stride[3] = {page_size * width * 8, width * 8, 8};
+            pages = mgl::view(h.ctx, storage, shape, stride, 0);
+        }
         std::vector<int32_t> table = {3, 0, 5, 1, 4};  // logical page -> physical page
         mgl::tensor* page_table = h.i32({5}, table, "page_table");
         const float scale = 0.31f;
