@@ -175,3 +175,25 @@ TEST_CASE("tokenizer rules: byte tokenizer round-trips random UTF-8 and streams 
     CHECK(stream.flush() == "\uFFFD");
     CHECK(tok.decode(std::vector<int32_t>{0xE4, 0xB8}) == "\uFFFD");
 }
+
+TEST_CASE("tokenizer rules: random bytes are encoded or refused as invalid UTF-8, never crash") {
+    const minids::Tokenizer tok(toy_data());
+    std::mt19937 rng(4242);
+    int encoded = 0, refused = 0;
+    for (int round = 0; round < 3000; ++round) {
+        std::string s(rng() % 24, '\0');
+        for (char& c : s) c = static_cast<char>(round % 3 == 0 ? rng() % 256 : 0x20 + rng() % 0x60);
+        if (round % 5 == 0 && !s.empty())
+            s.insert(rng() % s.size(), "<x>y word <x>");  // no lstrip/rstrip: those drop spaces
+        try {
+            const auto ids = tok.encode(s, true);
+            CHECK(tok.decode(std::vector<int32_t>(ids.begin() + 1, ids.end())) == s);
+            ++encoded;
+        } catch (const minids::TokenizerError&) {
+            CHECK(minids::find_invalid_utf8(s).has_value());
+            ++refused;
+        }
+    }
+    CHECK(encoded > 1000);
+    CHECK(refused > 100);
+}

@@ -344,7 +344,22 @@ private:
         }
     }
 
+    // Bounds the parser's (and so the renderer's) recursion: a hostile template of deeply
+    // nested brackets or blocks fails with a message instead of overflowing the stack.
+    struct DepthGuard {
+        int& depth;
+        DepthGuard(int& d, int line) : depth(d) {
+            if (++depth > kMaxDepth)
+                syntax_error(line, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+        }
+        ~DepthGuard() { --depth; }
+        DepthGuard(const DepthGuard&) = delete;
+        DepthGuard& operator=(const DepthGuard&) = delete;
+    };
+    static constexpr int kMaxDepth = 200;
+
     Node parse_statement() {
+        const DepthGuard guard(depth_, cur().line);
         const int line = cur().line;
         const std::string kw = expect_name();
         Node n;
@@ -454,6 +469,7 @@ private:
     }
 
     ExprPtr parse_expression() {
+        const DepthGuard guard(depth_, cur().line);
         ExprPtr e = parse_or();
         if (at_name("if")) {
             auto c = make(Expr::Kind::conditional, cur().line);
@@ -578,6 +594,7 @@ private:
     }
 
     ExprPtr parse_unary(bool with_filter) {
+        const DepthGuard guard(depth_, cur().line);
         ExprPtr e;
         if (at_op("-") || at_op("+")) {
             const bool neg = at_op("-");
@@ -789,6 +806,7 @@ private:
 
     std::vector<Token> t_;
     size_t i_ = 0;
+    int depth_ = 0;
 };
 
 }  // namespace
