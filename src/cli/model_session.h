@@ -1,0 +1,54 @@
+// What `minids run` and `minids chat` share: the model/context/thread flags, the sampling flags
+// (llama.cpp's names and defaults), opening the model (or the demo model), and the summary on
+// stderr.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "mds/reader.h"
+#include "mgl.h"
+#include "model/deepseek2.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace minids::cli {
+
+// A mistake of the user's (bad flag value, missing file, context overflow): one plain sentence,
+// exit code 2.
+struct UserError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct ModelFlags {
+    std::string model_path;     // -m; empty: the demo model
+    int64_t n_ctx = 4096;       // -c
+    int n_threads = 0;          // -t; 0: physical cores
+    std::string chat_template;  // --chat-template; empty: the model's own
+};
+
+void add_model_flags(CLI::App& cmd, ModelFlags& flags);
+void add_sampling_flags(CLI::App& cmd, SamplerParams& params);
+
+// An opened model, ready to make sessions.
+struct LoadedModel {
+    std::unique_ptr<mds::MdsFile> file;
+    std::unique_ptr<Deepseek2Model> model;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<mgl::backend> backend;
+};
+
+// -m, or the demo model (MINIDS_DEMO_MODEL_DEFAULT, then ../models/demo.mds next to the binary),
+// saying on stderr which one. Throws UserError when there is none.
+std::string resolve_model_path(const std::string& flag, const char* command);
+// Opens and binds the model, prints the summary (layers, experts, memory) to stderr.
+LoadedModel load_model(const ModelFlags& flags, const char* command);
+
+// Runs `body` and maps the errors to exit codes with one line on stderr:
+// user errors and malformed files -> 2, anything else -> 1.
+int run_guarded(const char* command, const std::function<int()>& body);
+
+}  // namespace minids::cli

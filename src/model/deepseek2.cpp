@@ -1,0 +1,254 @@
+// DeepSeek-V2 forward (MLA in absorbed form + fine-grained MoE), following DESIGN.md "The model,
+// exactly" and the paper's names. Shapes are outermost first; T = tokens in the batch, D =
+// hidden_size, H = heads, r = kv_lora_rank, nope/rope/v = the per-head dims.
+#include "model/deepseek2.h"
+
+#include <string>
+
+#include "runtime/kv_cache.h"
+
+namespace minids {
+
+namespace {
+
+// Every intermediate carries its name and layer index ("q_pe-3"), so a run can be dumped and
+// diffed against the reference layer by layer.
+mgl::tensor* named(mgl::tensor* t, const char* name, int64_t il) {
+    t->name = std::string(name) + "-" + std::to_string(il);
+    return t;
+}
+mgl::tensor* named(mgl::tensor* t, const char* name) {
+    t->name = name;
+    return t;
+}
+
+std::string layer_prefix(int64_t il) { return "model.layers." + std::to_string(il) + "."; }
+
+mgl::topk_method parse_topk_method(const std::string& s) {
+    if (s == "greedy") return mgl::topk_method::greedy;
+    if (s == "group_limited_greedy") return mgl::topk_method::group_limited_greedy;
+    throw mds::FileError("config topk_method: expected \"greedy\" or \"group_limited_greedy\", found \"" + s + "\"");
+}
+
+}  // namespace
+
+Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(file.config()) {
+    if (cfg_.scoring_func != "softmax") {
+        throw mds::FileError(file_.path() + ": config scoring_func: expected \"softmax\", found \"" +
+                             cfg_.scoring_func + "\"");
+    }
+    const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
+    tok_embd_ = weight("model.embed_tokens.weight", {V, D});
+    output_norm_ = weight("model.norm.weight", {D});
+    output_ = cfg_.tie_word_embeddings ? tok_embd_ : weight("lm_head.weight", {V, D});
+    layers_.resize(size_t(cfg_.num_hidden_layers));
+    for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) bind_layer(il);
+
+    const int64_t n_rot = cfg_.qk_rope_head_dim;
+    if (cfg_.rope_scaling) {
+        const YarnScaling& y = *cfg_.rope_scaling;
+        rope_ = std::make_shared<const mgl::rope_params>(mgl::rope_params_yarn(
+            int(n_rot), float(cfg_.rope_theta), float(y.factor), int(y.original_max_position_embeddings),
+            float(y.beta_fast), float(y.beta_slow), float(y.mscale), float(y.mscale_all_dim)));
+    } else {
+        rope_ = std::make_shared<const mgl::rope_params>(mgl::rope_params_plain(int(n_rot), float(cfg_.rope_theta)));
+    }
+    kq_scale_ = float(cfg_.attention_scale());
+
+    route_.k = int(cfg_.num_experts_per_tok);
+    route_.method = parse_topk_method(cfg_.topk_method);
+    route_.n_group = int(cfg_.n_group);
+    route_.topk_group = int(cfg_.topk_group);
+    route_.norm_topk_prob = cfg_.norm_topk_prob;
+    route_.routed_scaling_factor = float(cfg_.routed_scaling_factor);
+}
+
+mgl::tensor* Deepseek2Model::weight(const std::string& name, std::vector<int64_t> shape) {
+    const mds::TensorEntry& e = file_.require(name, shape);
+    mgl::tensor* t = weights_.new_tensor(e.dtype, std::span<const int64_t>(shape), name);
+    // The mapping is read-only; mgl never writes through a leaf weight.
+    t->data = const_cast<uint8_t*>(e.data);
+    weight_bytes_ += e.nbytes;
+    return t;
+}
+
+void Deepseek2Model::bind_layer(int64_t il) {
+    const ModelConfig& c = cfg_;
+    const int64_t D = c.hidden_size, H = c.num_attention_heads, r = c.kv_lora_rank;
+    const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+    const std::string p = layer_prefix(il);
+    Deepseek2Layer& L = layers_[size_t(il)];
+
+    L.attn_norm = weight(p + "input_layernorm.weight", {D});
+    if (c.q_lora_rank) {
+        L.wq_a = weight(p + "self_attn.q_a_proj.weight", {*c.q_lora_rank, D});
+        L.q_a_norm = weight(p + "self_attn.q_a_layernorm.weight", {*c.q_lora_rank});
+        L.wq_b = weight(p + "self_attn.q_b_proj.weight", {H * (nope + rope), *c.q_lora_rank});
+    } else {
+        L.wq = weight(p + "self_attn.q_proj.weight", {H * (nope + rope), D});
+    }
+    L.wkv_a_mqa = weight(p + "self_attn.kv_a_proj_with_mqa.weight", {r + rope, D});
+    L.kv_a_norm = weight(p + "self_attn.kv_a_layernorm.weight", {r});
+
+    // kv_b_proj [H·(nope+v), r] is, per head, W_uk [nope, r] stacked on W_uv [v, r]. Both are
+    // used in place through strided views (absorbed MLA never forms per-head K or V):
+    //   wk_b = W_ukᵀ as [H, r, nope] so that q_lat = q_nope · W_uk is a matmul against it;
+    //   wv_b = W_uv  as [H, v, r]    so that o = o_lat · W_uvᵀ.
+    mgl::tensor* wkv_b = weight(p + "self_attn.kv_b_proj.weight", {H * (nope + v), r});
+    const int64_t es = int64_t(mgl::dtype_size(wkv_b->type));
+    const int64_t head_stride = (nope + v) * r * es;
+    const int64_t wk_shape[] = {H, r, nope}, wk_stride[] = {head_stride, es, r * es};
+    L.wk_b = mgl::view(weights_, wkv_b, wk_shape, wk_stride, 0);
+    L.wk_b->name = p + "self_attn.kv_b_proj.wk_b";
+    const int64_t wv_shape[] = {H, v, r}, wv_stride[] = {head_stride, r * es, es};
+    L.wv_b = mgl::view(weights_, wkv_b, wv_shape, wv_stride, size_t(nope * r * es));
+    L.wv_b->name = p + "self_attn.kv_b_proj.wv_b";
+
+    L.wo = weight(p + "self_attn.o_proj.weight", {D, H * v});
+    L.ffn_norm = weight(p + "post_attention_layernorm.weight", {D});
+
+    L.is_moe = c.is_moe_layer(il);
+    if (!L.is_moe) {
+        const int64_t ff = c.intermediate_size;
+        L.ffn_gate = weight(p + "mlp.gate_proj.weight", {ff, D});
+        L.ffn_up = weight(p + "mlp.up_proj.weight", {ff, D});
+        L.ffn_down = weight(p + "mlp.down_proj.weight", {D, ff});
+        return;
+    }
+    L.router = weight(p + "mlp.gate.weight", {c.n_routed_experts, D});
+    L.experts = bind_experts(il);
+    if (c.n_shared_experts && *c.n_shared_experts > 0) {
+        const int64_t ff = c.moe_intermediate_size * *c.n_shared_experts;
+        L.ffn_gate = weight(p + "mlp.shared_experts.gate_proj.weight", {ff, D});
+        L.ffn_up = weight(p + "mlp.shared_experts.up_proj.weight", {ff, D});
+        L.ffn_down = weight(p + "mlp.shared_experts.down_proj.weight", {D, ff});
+    }
+}
+
+std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) {
+    const mds::ExpertTable& t = file_.experts();
+    const std::string where = file_.path() + ": experts of layer " + std::to_string(il);
+    if (!t.present) throw mds::FileError(where + ": expected an expert table, found none");
+    if (t.n_embd != cfg_.hidden_size || t.n_ff != cfg_.moe_intermediate_size) {
+        throw mds::FileError(where + ": expected n_embd " + std::to_string(cfg_.hidden_size) + " and n_ff " +
+                             std::to_string(cfg_.moe_intermediate_size) + ", found " + std::to_string(t.n_embd) +
+                             " and " + std::to_string(t.n_ff));
+    }
+    const int64_t first = t.first_blob_of_layer(il);
+    const int64_t E = cfg_.n_routed_experts;
+    if (first < 0 || first + E > int64_t(t.blobs.size())) {
+        throw mds::FileError(where + ": expected " + std::to_string(E) + " expert blobs, found none or fewer");
+    }
+    auto set = std::make_shared<mgl::expert_set>();
+    set->type = t.dtype;
+    set->n_embd = t.n_embd;
+    set->n_ff = t.n_ff;
+    set->experts.resize(size_t(E));
+    const bool fp8 = t.dtype == mgl::dtype::f8_e4m3;
+    for (int64_t e = 0; e < E; ++e) {
+        const mds::ExpertBlob& b = t.blobs[size_t(first + e)];
+        if (b.layer != il || b.expert != e) {
+            throw mds::FileError(where + ": expected blob for expert " + std::to_string(e) + ", found layer " +
+                                 std::to_string(b.layer) + " expert " + std::to_string(b.expert));
+        }
+        mgl::expert_weights& w = set->experts[size_t(e)];
+        w.gate = b.data + t.gate.offset;
+        w.up = b.data + t.up.offset;
+        w.down = b.data + t.down.offset;
+        if (fp8) {
+            w.gate_scale = reinterpret_cast<const float*>(b.data + t.gate_scale.offset);
+            w.up_scale = reinterpret_cast<const float*>(b.data + t.up_scale.offset);
+            w.down_scale = reinterpret_cast<const float*>(b.data + t.down_scale.offset);
+        }
+    }
+    weight_bytes_ += uint64_t(E) * t.blob_nbytes;
+    return set;
+}
+
+// MLA, absorbed (DESIGN.md): the cache holds c and k_pe; W_uk is folded into the query and W_uv
+// is applied after attention, so per-head K and V never exist.
+mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x,
+                                             const ForwardBatch& batch, mgl::tensor* pages,
+                                             mgl::tensor* page_table) const {
+    const ModelConfig& c = cfg_;
+    const int64_t T = x->dim(0), H = c.num_attention_heads, r = c.kv_lora_rank;
+    const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+    const float eps = float(c.rms_norm_eps);
+
+    mgl::tensor* q;  // [T, H·(nope+rope)]
+    if (L.wq) {
+        q = named(mgl::matmul(ctx, x, L.wq), "q", il);
+    } else {
+        mgl::tensor* q_a = named(mgl::matmul(ctx, x, L.wq_a), "q_a", il);        // [T, q_lora_rank]
+        q_a = named(mgl::rms_norm(ctx, q_a, L.q_a_norm, eps), "q_a_norm", il);
+        q = named(mgl::matmul(ctx, q_a, L.wq_b), "q", il);
+    }
+    q = mgl::reshape(ctx, q, {T, H, nope + rope});                                  // [T, H, nope+rope]
+    mgl::tensor* q_nope = named(mgl::slice(ctx, q, 2, 0, nope), "q_nope", il);    // [T, H, nope]
+    mgl::tensor* q_pe = named(mgl::slice(ctx, q, 2, nope, rope), "q_pe_raw", il); // [T, H, rope]
+    q_pe = named(mgl::rope(ctx, q_pe, batch.positions, rope_), "q_pe", il);        // [T, H, rope]
+
+    mgl::tensor* kv_cmpr_pe = named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);  // [T, r+rope]
+    mgl::tensor* kv_cmpr = mgl::slice(ctx, kv_cmpr_pe, 1, 0, r);                            // [T, r]
+    mgl::tensor* k_pe = named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);     // [T, rope]
+    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);          // [T, r]
+    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);                 // [T, rope]
+
+    // q_lat[t, h] = q_nope[t, h] · W_uk[h]: one matmul batched over heads. (mgl ops read their
+    // inputs through strides, so the permuted views need no copies.)
+    q_nope = mgl::permute(ctx, q_nope, {1, 0, 2});                                           // [H, T, nope]
+    mgl::tensor* q_lat = named(mgl::matmul(ctx, q_nope, L.wk_b), "q_lat_h", il);             // [H, T, r]
+    q_lat = named(mgl::permute(ctx, q_lat, {1, 0, 2}), "q_lat", il);                         // [T, H, r]
+
+    pages = named(mgl::kv_store(ctx, pages, page_table, kv_cmpr, k_pe, int(batch.n_past)), "kv_pages", il);
+    mgl::tensor* o_lat = named(mgl::mla_attn(ctx, q_lat, q_pe, pages, page_table, int(batch.n_past), kq_scale_),
+                               "o_lat", il);                                                 // [T, H, r]
+
+    // o[t, h] = W_uv[h] · o_lat[t, h], batched over heads.
+    o_lat = mgl::permute(ctx, o_lat, {1, 0, 2});                                             // [H, T, r]
+    mgl::tensor* o = named(mgl::matmul(ctx, o_lat, L.wv_b), "o_h", il);                       // [H, T, v]
+    o = mgl::contiguous(ctx, mgl::permute(ctx, o, {1, 0, 2}));                               // [T, H, v] (reshape needs it contiguous)
+    o = named(mgl::reshape(ctx, o, {T, H * v}), "o", il);                                    // [T, H·v]
+    return named(mgl::matmul(ctx, o, L.wo), "attn_out", il);                                  // [T, D]
+}
+
+mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x) const {
+    mgl::tensor* shared = nullptr;  // dense MLP, or the shared experts: down(silu(gate(x)) * up(x))
+    if (L.ffn_gate) {
+        mgl::tensor* gate = named(mgl::matmul(ctx, x, L.ffn_gate), L.is_moe ? "shexp_gate" : "ffn_gate", il);
+        mgl::tensor* up = named(mgl::matmul(ctx, x, L.ffn_up), L.is_moe ? "shexp_up" : "ffn_up", il);
+        mgl::tensor* act = named(mgl::swiglu(ctx, gate, up), L.is_moe ? "shexp_act" : "ffn_act", il);
+        shared = named(mgl::matmul(ctx, act, L.ffn_down), L.is_moe ? "shexp_out" : "ffn_out", il);  // [T, D]
+    }
+    if (!L.is_moe) return shared;
+
+    mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
+    mgl::tensor* probs = named(mgl::softmax(ctx, logits), "router_probs", il);         // [T, E]
+    mgl::tensor* ids = named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);     // [T, k] i32
+    mgl::tensor* w = named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);  // [T, k]
+    mgl::tensor* moe = named(mgl::moe_experts(ctx, x, ids, w, L.experts), "moe_out", il);     // [T, D]
+    return shared ? named(mgl::add(ctx, moe, shared), "ffn_out", il) : moe;
+}
+
+mgl::tensor* Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch, LatentKvCache& cache) const {
+    const float eps = float(cfg_.rms_norm_eps);
+    const int64_t T = batch.tokens->dim(0);
+    MGL_CHECK(T > 0 && batch.positions->dim(0) == T, "forward: tokens and positions must have the same length");
+    mgl::tensor* page_table = cache.page_table(ctx, batch.seq);
+
+    mgl::tensor* x = named(mgl::get_rows(ctx, tok_embd_, batch.tokens), "inp_embd");  // [T, D]
+    for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) {
+        const Deepseek2Layer& L = layers_[size_t(il)];
+        mgl::tensor* cur = named(mgl::rms_norm(ctx, x, L.attn_norm, eps), "attn_norm", il);
+        cur = build_attention(ctx, L, il, cur, batch, cache.layer_pages(ctx, il), page_table);
+        x = named(mgl::add(ctx, x, cur), "ffn_inp", il);                                 // h = x + MLA(norm(x))
+        cur = named(mgl::rms_norm(ctx, x, L.ffn_norm, eps), "ffn_norm", il);
+        cur = build_ffn(ctx, L, il, cur);
+        x = named(mgl::add(ctx, x, cur), "l_out", il);                                   // y = h + FFN(norm(h))
+    }
+    if (!batch.all_logits) x = mgl::slice(ctx, x, 0, T - 1, 1);                          // [1, D]
+    x = named(mgl::rms_norm(ctx, x, output_norm_, eps), "result_norm");
+    return named(mgl::matmul(ctx, x, output_), "result_output");                         // [T or 1, V]
+}
+
+}  // namespace minids
