@@ -69,7 +69,8 @@ TEST_CASE("minids info: prints config, sizes, tokenizer and provenance of a vali
     // 3 layers x (kv_lora_rank 8 + rope 4) x 2 bytes, and x 4 bytes.
     CHECK(r.out.find("72 bytes/token in BF16, 144 in F32") != std::string::npos);
     CHECK(r.out.find("6 blobs") != std::string::npos);
-    CHECK(r.out.find("34 tokens, 3 merges, 2 added (2 special), chat template yes") != std::string::npos);
+    CHECK(r.out.find("34 tokens, 3 merges, 2 added (2 special), chat template yes") !=
+          std::string::npos);
     CHECK(r.out.find("tool=minids test helper") != std::string::npos);
     CHECK(r.out.find("verify") == std::string::npos);
 
@@ -90,10 +91,10 @@ TEST_CASE("minids info: prints config, sizes, tokenizer and provenance of a vali
 
 TEST_CASE("minids info: malformed and corrupt files exit 2 with one message") {
     TempDir dir;
+    int n = 0;
     for (const auto& mc : malformed_cases()) {
         // Every fifth case plus all the verify ones keeps this quick; the in-process test covers
         // the whole corpus.
-        static int n = 0;
         if (!mc.open_ok && n++ % 5 != 0) continue;
         CAPTURE(mc.name);
         MdsTestFile f = make_test_mds({.seed = 5});

@@ -38,7 +38,8 @@ public:
                            const std::string& found) const;
 
     // `v` must be an object whose keys are all in `allowed`.
-    void expect_object(const nlohmann::json& v, std::initializer_list<std::string_view> allowed) const;
+    void expect_object(const nlohmann::json& v,
+                       std::initializer_list<std::string_view> allowed) const;
     // Member access on an object already checked with expect_object.
     const nlohmann::json& required(const nlohmann::json& obj, std::string_view key) const;
     // Null when absent.
