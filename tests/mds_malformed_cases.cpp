@@ -427,6 +427,13 @@ std::vector<MalformedCase> malformed_cases() {
         [](MdsTestFile& f) { f.manifest["experts"]["blob_nbytes"] = uint64_t{1} << 60; },
         "experts.blob_nbytes"));
     c.push_back(manifest_case(
+        "experts_blob_nbytes_slack",
+        [](MdsTestFile& f) {
+            auto& e = f.manifest["experts"];
+            e["blob_nbytes"] = e["blob_nbytes"].get<uint64_t>() + 256;
+        },
+        "experts.blob_nbytes: expected 2144"));
+    c.push_back(manifest_case(
         "experts_part_outside_blob",
         [](MdsTestFile& f) {
             auto& e = f.manifest["experts"];

@@ -219,6 +219,14 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
                      std::to_string(part_extents[i - 1].end) + ")",
                  std::to_string(part_extents[i].begin));
 
+    // format.h: blob_nbytes is the layout's extent, so nothing unlisted rides along in a blob.
+    uint64_t extent_end = 0;
+    for (const auto& e : part_extents) extent_end = std::max(extent_end, e.end);
+    if (table.blob_nbytes != extent_end)
+        r.fail(r.field("blob_nbytes"),
+               std::to_string(extent_end) + " (the end of the layout's last part)",
+               std::to_string(table.blob_nbytes));
+
     // Blobs: every (MoE layer, expert) once, in order, each layer's experts adjacent.
     const json& blobs = r.array(j, "blobs");
     uint64_t expected_count = 0;
