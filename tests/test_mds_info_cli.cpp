@@ -120,3 +120,30 @@ TEST_CASE("minids info: malformed and corrupt files exit 2 with one message") {
     CHECK(missing.exit_code == 2);
     CHECK(missing.err.find("cannot open") != std::string::npos);
 }
+
+TEST_CASE("minids info: files written by minids convert open and verify") {
+    TempDir dir;
+    for (const char* dtype : {"fp8", "bf16"}) {
+        CAPTURE(dtype);
+        const auto path = dir.path / (std::string("tiny-") + dtype + ".mds");
+        std::string cmd = quoted(minids_binary());
+        cmd += " convert -q --expert-dtype ";
+        cmd += dtype;
+        cmd += " -o ";
+        cmd += quoted(path);
+        cmd += " ";
+        cmd += quoted(data_dir() / "tiny-v2-lite");
+        cmd += " >/dev/null 2>&1";
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        auto r = run_info(dir, "--verify --json " + quoted(path));
+        CAPTURE(r.err);
+        REQUIRE(r.exit_code == 0);
+        auto doc = nlohmann::json::parse(r.out);
+        CHECK(doc["verify"]["ok"] == true);
+        CHECK(doc["config"]["num_hidden_layers"] == 4);
+        CHECK(doc["sizes"]["n_experts"] == 3 * 16);  // layers 1..3, 16 experts each
+        CHECK(doc["sizes"]["expert_dtype"] == (std::string(dtype) == "fp8" ? "f8_e4m3" : "bf16"));
+        CHECK(doc["tokenizer"]["vocab_size"] == 1024);
+        CHECK(doc["tokenizer"]["has_chat_template"] == true);
+    }
+}
