@@ -165,18 +165,6 @@ int64_t FieldReader::i64(const json& obj, std::string_view key, int64_t lo, int6
     return as_i64(required(obj, key), field(key), lo, hi);
 }
 
-double FieldReader::number(const json& obj, std::string_view key) const {
-    const json& v = required(obj, key);
-    if (!v.is_number()) fail(field(key), "a number", describe_json(v));
-    return v.get<double>();
-}
-
-bool FieldReader::boolean(const json& obj, std::string_view key) const {
-    const json& v = required(obj, key);
-    if (!v.is_boolean()) fail(field(key), "true or false", describe_json(v));
-    return v.get<bool>();
-}
-
 const std::string& FieldReader::string(const json& obj, std::string_view key) const {
     const json& v = required(obj, key);
     if (!v.is_string()) fail(field(key), "a string", describe_json(v));
