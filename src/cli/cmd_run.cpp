@@ -1,5 +1,7 @@
 // minids run: one prompt in, the model's continuation streamed to stdout. Logs, the model
 // summary and the speed go to stderr, so stdout carries only the generated text (or ids).
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -147,6 +149,11 @@ int run(const RunOptions& o) {
                  (long long)st.n_prompt, st.prompt_s, st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0,
                  (long long)st.n_gen, st.gen_s, st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0, stop_name(st.stop),
                  sampler.seed());
+    // Resident memory includes the pages of the mapped file that were touched (the weights read).
+    struct rusage usage {};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+        std::fprintf(stderr, "minids run: peak resident memory %.1f MiB\n", double(usage.ru_maxrss) / 1024.0);
+    }
     return st.stop == StopReason::interrupted ? exit_interrupted : exit_ok;
 }
 

@@ -189,7 +189,7 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     q_pe = named(mgl::rope(ctx, q_pe, batch.positions, rope_), "q_pe", il);        // [T, H, rope]
 
     mgl::tensor* kv_cmpr_pe = named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);  // [T, r+rope]
-    mgl::tensor* kv_cmpr = mgl::slice(ctx, kv_cmpr_pe, 1, 0, r);                            // [T, r]
+    mgl::tensor* kv_cmpr = named(mgl::slice(ctx, kv_cmpr_pe, 1, 0, r), "kv_cmpr_raw", il);  // [T, r]
     mgl::tensor* k_pe = named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);     // [T, rope]
     kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);          // [T, r]
     k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);                 // [T, rope]
