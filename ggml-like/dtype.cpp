@@ -1,5 +1,6 @@
 // Scalar dtype conversions. Everything is done on bit patterns so results do not depend on the
 // floating-point rounding mode or on the compiler's support for _Float16 / __bf16.
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -109,7 +110,9 @@ uint8_t f32_to_e4m3(float f) {
     return uint8_t(sign | code);
 }
 
-float e4m3_to_f32(uint8_t v) {
+namespace {
+
+constexpr float e4m3_decode(uint8_t v) {
     uint32_t exp = (v >> 3) & 0xFu;
     uint32_t man = v & 0x7u;
     float mag;
@@ -122,6 +125,18 @@ float e4m3_to_f32(uint8_t v) {
     }
     return (v & 0x80u) ? -mag : mag;
 }
+
+// All 256 codes decoded at compile time: the scalar paths (get_rows, reference kernels) look up
+// instead of branching per element.
+constexpr std::array<float, 256> e4m3_table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[size_t(i)] = e4m3_decode(uint8_t(i));
+    return t;
+}();
+
+}  // namespace
+
+float e4m3_to_f32(uint8_t v) { return e4m3_table[v]; }
 
 void to_f32(dtype src_type, const void* src, float* dst, size_t n) {
     switch (src_type) {

@@ -202,16 +202,22 @@ std::vector<MalformedCase> malformed_cases() {
     }, "tensors[2].shape[0]"));
     c.push_back(manifest_case("config_float_size", [](MdsTestFile& f) {
         f.manifest["config"]["hidden_size"] = 24.5;
-    }, "config.hidden_size"));
+    }, "\"hidden_size\": expected an integer"));
     c.push_back(manifest_case("config_unknown_key", [](MdsTestFile& f) {
         f.manifest["config"]["hidden_sizes"] = 24;
-    }, "config.hidden_sizes"));
+    }, "\"hidden_sizes\""));
     c.push_back(manifest_case("tokenizer_vocab_type", [](MdsTestFile& f) {
         f.manifest["tokenizer"]["vocab"][3] = 7;
-    }, "tokenizer.vocab[3]"));
+    }, "\"vocab\"[3]"));
     c.push_back(manifest_case("tokenizer_added_id_past_vocab", [](MdsTestFile& f) {
         f.manifest["tokenizer"]["added_tokens"][0]["id"] = 40;
-    }, "tokenizer.added_tokens[0].id"));
+    }, "added token \"<|bos|>\" has id 40"));
+    c.push_back(manifest_case("tokenizer_bos_past_vocab", [](MdsTestFile& f) {
+        f.manifest["tokenizer"]["bos_id"] = 99;
+    }, "bos id 99"));
+    c.push_back(manifest_case("config_topk_method", [](MdsTestFile& f) {
+        f.manifest["config"]["topk_method"] = "noaux_tc";
+    }, "\"topk_method\": expected"));
     c.push_back(manifest_case("provenance_nested", [](MdsTestFile& f) {
         f.manifest["provenance"]["nested"] = json::object({{"a", 1}});
     }, "provenance.nested"));
@@ -308,13 +314,13 @@ std::vector<MalformedCase> malformed_cases() {
     }, "experts.blobs"));
     c.push_back(manifest_case("config_huge_layers", [](MdsTestFile& f) {
         f.manifest["config"]["num_hidden_layers"] = uint64_t{1} << 40;
-    }, "config.num_hidden_layers"));
+    }, "\"num_hidden_layers\": expected"));
     c.push_back(manifest_case("config_k_above_experts", [](MdsTestFile& f) {
         f.manifest["config"]["num_experts_per_tok"] = 4;
-    }, "config.num_experts_per_tok"));
+    }, "\"num_experts_per_tok\": expected"));
     c.push_back(manifest_case("config_rope_scaling_type", [](MdsTestFile& f) {
         f.manifest["config"]["rope_scaling"]["factor"] = "40";
-    }, "config.rope_scaling.factor"));
+    }, "\"factor\": expected a number"));
 
     // ---- expert table ----
     c.push_back(manifest_case("experts_missing", [](MdsTestFile& f) { f.manifest.erase("experts"); },

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 
 #include "mds/format.h"
 #include "model/config.h"
+#include "tokenizer/tokenizer_data.h"
 
 namespace minids::test {
 
@@ -61,8 +63,8 @@ std::vector<uint8_t> random_scales(size_t n, std::mt19937_64& rng) {
 
 ModelConfig test_config(const MdsTestOptions& o) {
     ModelConfig c;
-    c.vocab_size = 40;
-    c.hidden_size = 24;
+    c.vocab_size = o.vocab_size;
+    c.hidden_size = o.hidden_size;
     c.intermediate_size = 40;
     c.moe_intermediate_size = 12;
     c.num_hidden_layers = o.n_layers;
@@ -74,7 +76,7 @@ ModelConfig test_config(const MdsTestOptions& o) {
     c.v_head_dim = 6;
     c.n_routed_experts = o.n_experts;
     if (o.shared_experts) c.n_shared_experts = 1;
-    c.num_experts_per_tok = 2;
+    c.num_experts_per_tok = std::min(2, o.n_experts);
     c.first_k_dense_replace = 1;
     c.moe_layer_freq = 1;
     c.n_group = 1;
@@ -93,76 +95,24 @@ ModelConfig test_config(const MdsTestOptions& o) {
     return c;
 }
 
-// The canonical manifest form of a config (the reader's local parser in src/mds/ reads it).
-json config_json(const ModelConfig& c) {
-    json j = {{"architecture", c.architecture},
-              {"vocab_size", c.vocab_size},
-              {"hidden_size", c.hidden_size},
-              {"intermediate_size", c.intermediate_size},
-              {"moe_intermediate_size", c.moe_intermediate_size},
-              {"num_hidden_layers", c.num_hidden_layers},
-              {"num_attention_heads", c.num_attention_heads},
-              {"q_lora_rank", c.q_lora_rank ? json(*c.q_lora_rank) : json(nullptr)},
-              {"kv_lora_rank", c.kv_lora_rank},
-              {"qk_nope_head_dim", c.qk_nope_head_dim},
-              {"qk_rope_head_dim", c.qk_rope_head_dim},
-              {"v_head_dim", c.v_head_dim},
-              {"n_routed_experts", c.n_routed_experts},
-              {"n_shared_experts", c.n_shared_experts ? json(*c.n_shared_experts) : json(nullptr)},
-              {"num_experts_per_tok", c.num_experts_per_tok},
-              {"first_k_dense_replace", c.first_k_dense_replace},
-              {"moe_layer_freq", c.moe_layer_freq},
-              {"n_group", c.n_group},
-              {"topk_group", c.topk_group},
-              {"topk_method", c.topk_method},
-              {"norm_topk_prob", c.norm_topk_prob},
-              {"routed_scaling_factor", c.routed_scaling_factor},
-              {"scoring_func", c.scoring_func},
-              {"rms_norm_eps", c.rms_norm_eps},
-              {"rope_theta", c.rope_theta},
-              {"rope_scaling", nullptr},
-              {"max_position_embeddings", c.max_position_embeddings},
-              {"bos_token_id", c.bos_token_id},
-              {"eos_token_id", c.eos_token_id},
-              {"tie_word_embeddings", c.tie_word_embeddings}};
-    if (c.rope_scaling) {
-        const auto& y = *c.rope_scaling;
-        j["rope_scaling"] = {{"factor", y.factor},
-                             {"original_max_position_embeddings", y.original_max_position_embeddings},
-                             {"beta_fast", y.beta_fast},
-                             {"beta_slow", y.beta_slow},
-                             {"mscale", y.mscale},
-                             {"mscale_all_dim", y.mscale_all_dim}};
-    }
-    return j;
-}
-
 }  // namespace
 
-json test_config_json(const MdsTestOptions& options) { return config_json(test_config(options)); }
+json test_config_json(const MdsTestOptions& options) { return config_to_json(test_config(options)); }
 
 json test_tokenizer_json() {
-    json vocab = json::array();
-    for (int i = 0; i < 32; ++i) vocab.push_back(std::string(1, static_cast<char>('a' + i % 26)) + std::to_string(i));
-    vocab.push_back("<|bos|>");
-    vocab.push_back("<|eos|>");
-    auto added = [](int id, const char* content) {
-        return json{{"id", id},          {"content", content}, {"special", true},
-                    {"lstrip", false},   {"rstrip", false},    {"normalized", false},
-                    {"single_word", false}};
-    };
-    return {{"model", "bpe"},
-            {"vocab", vocab},
-            {"merges", {"a0 b1", "c2 d3", "a0b1 c2d3"}},
-            {"added_tokens", {added(32, "<|bos|>"), added(33, "<|eos|>")}},
-            {"pre_splits", {{{"regex", "\\p{N}{1,3}"}, {"behavior", "isolated"}, {"invert", false}}}},
-            {"byte_level", true},
-            {"byte_level_add_prefix_space", false},
-            {"bos_id", 32},
-            {"eos_id", 33},
-            {"add_bos", true},
-            {"add_eos", false},
-            {"chat_template", "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}};
+    TokenizerData t;
+    for (int i = 0; i < 32; ++i)
+        t.vocab.push_back(std::string(1, static_cast<char>('a' + i % 26)) + std::to_string(i));
+    t.vocab.push_back("<|bos|>");
+    t.vocab.push_back("<|eos|>");
+    t.merges = {"a0 b1", "c2 d3", "a0b1 c2d3"};
+    t.added_tokens.push_back({.id = 32, .content = "<|bos|>"});
+    t.added_tokens.push_back({.id = 33, .content = "<|eos|>"});
+    t.pre_splits.push_back({"\\p{N}{1,3}", "isolated", false});
+    t.bos_id = 32;
+    t.eos_id = 33;
+    t.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    return tokenizer_data_to_json(t);
 }
 
 MdsTestFile make_test_mds(const MdsTestOptions& o) {
@@ -293,7 +243,7 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
         }
         f.manifest = {{"format", "minids"},
                       {"version", mds::mds_version},
-                      {"config", config_json(c)},
+                      {"config", config_to_json(c)},
                       {"tokenizer", test_tokenizer_json()},
                       {"tensors", table},
                       {"experts", {{"dtype", fp8 ? "f8_e4m3" : "bf16"},
@@ -308,6 +258,7 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
                                       {"expert_dtype", fp8 ? "f8_e4m3" : "bf16"},
                                       {"synthetic", true},
                                       {"seed", o.seed}}}};
+        if (blobs.empty()) f.manifest["experts"] = nullptr;  // a dense-only model
         uint64_t need = align_up(sizeof(mds::mds_preamble) + f.manifest.dump().size() + 2048,
                                  mds::mds_alignment);
         if (need <= f.data_offset) break;

@@ -22,7 +22,9 @@ struct MdsTestOptions {
     bool q_lora = false;         // q_lora_rank set (q_a_proj, q_a_layernorm, q_b_proj) or null
     bool shared_experts = true;  // n_shared_experts 1, else null
     int n_layers = 3;            // layer 0 dense, layers >= 1 MoE
-    int n_experts = 3;           // routed experts per MoE layer
+    int n_experts = 3;           // routed experts per MoE layer; 0: a dense-only model
+    int64_t vocab_size = 40;     // >= 34 (the test tokenizer's tokens)
+    int64_t hidden_size = 24;    // raise both to make large files (embed + lm_head: V x D bf16)
 };
 
 struct MdsTestFile {

@@ -30,6 +30,11 @@ inline void write_bytes(const std::filesystem::path& p, const void* data, size_t
     if (!out) throw std::runtime_error("cannot write " + p.string());
 }
 
+inline nlohmann::json read_json_file_for_test(const std::filesystem::path& p) {
+    auto b = read_bytes(p);
+    return nlohmann::json::parse(b.begin(), b.end());
+}
+
 inline void write_text(const std::filesystem::path& p, const std::string& s) { write_bytes(p, s.data(), s.size()); }
 
 // A safetensors file from a header JSON text and a data area, verbatim (so tests can make it

@@ -115,3 +115,28 @@ TEST_CASE("mds reader: a file that cannot be opened is one FileError naming it")
     }
     CHECK_THROWS_AS(MdsFile::open(dir.path.string()), FileError);
 }
+
+TEST_CASE("mds reader: a dense-only model (no routed experts) has no expert table") {
+    TempDir dir;
+    MdsTestFile f = make_test_mds({.seed = 13, .n_experts = 0});
+    const auto path = dir.path / "dense.mds";
+    f.write(path);
+    auto m = MdsFile::open(path.string());
+    CHECK(!m->experts().present);
+    CHECK(m->experts().blobs.empty());
+    CHECK(m->experts().first_blob_of_layer(1) == -1);
+    CHECK(m->find("model.layers.2.mlp.gate_proj.weight") != nullptr);  // every layer dense
+    CHECK(m->verify(2).ok);
+
+    // An expert table in a model without MoE layers is refused by name.
+    MdsTestFile g = make_test_mds({.seed = 13});
+    g.manifest["config"]["n_routed_experts"] = 0;
+    g.manifest["config"]["num_experts_per_tok"] = 0;
+    g.write(path);
+    try {
+        MdsFile::open(path.string());
+        FAIL("open() accepted an expert table in a dense model");
+    } catch (const FileError& e) {
+        CHECK(std::string(e.what()).find("experts: expected no expert table") != std::string::npos);
+    }
+}

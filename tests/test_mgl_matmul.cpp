@@ -175,3 +175,33 @@ TEST_CASE("mgl matmul: shape and dtype mismatches are refused when recorded") {
     CHECK_THROWS_AS(mgl::matmul(ctx, ctx.new_tensor(dtype::bf16, {2, 8}), ctx.new_tensor(dtype::f32, {4, 8})),
                     mgl::error);
 }
+
+TEST_CASE("mgl matmul: every finite E4M3 code decodes correctly inside each SIMD kernel") {
+    // Each row holds all 254 finite codes (rotated per row), so every code meets every lane and
+    // the tail loop; x is one-hot per output, so y reads back single decoded weights exactly.
+    std::vector<uint8_t> codes;
+    for (int c = 0; c < 256; ++c)
+        if ((c & 0x7F) != 0x7F) codes.push_back(uint8_t(c));
+    const int64_t K = int64_t(codes.size()), N = 5;
+    std::vector<uint8_t> w(size_t(N * K));
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) w[size_t(n * K + k)] = codes[size_t((k + 37 * n) % K)];
+    for (const auto& ks : mgl::cpu::available_matmul_kernels()) {
+        CAPTURE(ks.isa);
+        harness h(mgl::cpu::make_cpu_backend_with(1, ks));
+        mgl::tensor* wt = h.leaf(dtype::f8_e4m3, {N, K}, w.data(), w.size(), "w");
+        std::vector<float> x(size_t(K * K), 0.0f);
+        for (int64_t m = 0; m < K; ++m) x[size_t(m * K + m)] = 1.0f;  // identity: y[m, n] = w[n, m]
+        auto got = h.run(mgl::matmul(h.ctx, h.f32({K, K}, x), wt));
+        size_t bad = 0;
+        for (int64_t m = 0; m < K; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+                float want = mgl::e4m3_to_f32(w[size_t(n * K + m)]);
+                if (got[size_t(m * N + n)] != want && bad++ == 0) {
+                    CAPTURE(int(w[size_t(n * K + m)]));
+                    CHECK(got[size_t(m * N + n)] == want);
+                }
+            }
+        CHECK(bad == 0);
+    }
+}

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -94,6 +95,32 @@ TEST_CASE("tokenizer: streaming detokenizer never emits partial UTF-8") {
         for (const auto& r :
              read_references(minids::test::data_dir() / dir / "tokenizer.reference.json")) {
             check_streaming(*tok, r.ids);
+        }
+    }
+}
+
+TEST_CASE("tokenizer: random Unicode text round-trips through both tokenizers") {
+    // Code points from the ranges the pre-tokenizer treats differently: ASCII, Latin-1,
+    // whitespace of every kind (NEL, NBSP, ideographic space), digits of other scripts, CJK,
+    // kana, Hangul, combining marks, emoji, and the added tokens' own brackets.
+    const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+        {0x20, 0x7E},     {0x09, 0x0D},     {0x80, 0xFF},     {0x0300, 0x036F}, {0x0660, 0x0669},
+        {0x2000, 0x200D}, {0x3000, 0x3003}, {0x3040, 0x30FF}, {0x4E00, 0x9FFF}, {0xAC00, 0xAC40},
+        {0xFF01, 0xFF5E}, {0x1F300, 0x1F64F}};
+    std::mt19937 rng(20261129);
+    for (const auto* tok : {&tiny_tokenizer(), &v3_tokenizer()}) {
+        for (int round = 0; round < 200; ++round) {
+            std::string text;
+            const int n = 1 + static_cast<int>(rng() % 40);
+            for (int i = 0; i < n; ++i) {
+                const auto& [lo, hi] = ranges[rng() % ranges.size()];
+                minids::append_utf8(lo + rng() % (hi - lo + 1), text);
+                if (rng() % 17 == 0) text += "<｜User｜>";
+            }
+            const auto ids = tok->encode(text, false);
+            CAPTURE(text);
+            CHECK(tok->decode(ids) == text);
+            check_streaming(*tok, ids);
         }
     }
 }

@@ -6,7 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "mds_test_file.h"
 #include "test_util.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/tokenizer_data.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -104,4 +107,44 @@ TEST_CASE("tokenizer cli: plain mode adds BOS unless --no-bos; bad input exits 2
     CHECK(run_tokenize("--tokenizer " + quoted(tmp.path / "text"), tmp.path / "text",
                        tmp.path / "out", tmp.path / "err") == 2);
     CHECK(slurp(tmp.path / "err").find("not valid JSON") != std::string::npos);
+}
+
+TEST_CASE("tokenizer cli: -m reads the tokenizer from an .mds file") {
+    // The test model has a 40-token vocabulary: give it a byte-level BPE that fits, covering the
+    // lowercase letters and the space (other bytes are dropped, as HF's BPE does without unk).
+    minids::TokenizerData d;
+    const minids::ByteLevelMap bytes;
+    for (char c = 'a'; c <= 'z'; ++c) d.vocab.push_back(std::string(1, c));  // ids 0..25
+    d.vocab.push_back(bytes.encode_byte(' '));                               // 26: "Ġ"
+    d.vocab.push_back("he");                                                 // 27
+    d.vocab.push_back("ll");                                                 // 28
+    d.vocab.push_back("hell");                                               // 29
+    d.vocab.push_back(bytes.encode_byte(' ') + "w");                         // 30: "Ġw"
+    while (d.vocab.size() < 38) d.vocab.push_back("");
+    d.merges = {"h e", "l l", "he ll", bytes.encode_byte(' ') + " w"};
+    for (int32_t id : {38, 39}) {
+        minids::AddedToken t;
+        t.id = id;
+        t.content = id == 38 ? "<|bos|>" : "<|eos|>";
+        d.vocab.push_back(t.content);
+        d.added_tokens.push_back(t);
+    }
+    d.pre_splits = {{" ?\\S+|\\s+", "isolated", false}};
+    d.bos_id = 38;
+    d.eos_id = 39;
+
+    minids::test::TempDir tmp;
+    auto f = minids::test::make_test_mds();
+    f.manifest["tokenizer"] = minids::tokenizer_data_to_json(d);
+    f.write(tmp.path / "m.mds");
+    std::ofstream(tmp.path / "text", std::ios::binary) << "hello world<|eos|>";
+    REQUIRE(run_tokenize("-m " + quoted(tmp.path / "m.mds"), tmp.path / "text", tmp.path / "out",
+                         tmp.path / "err") == 0);
+    // hello -> hell o; " world" -> " w" o r l d; then the added token.
+    CHECK(slurp(tmp.path / "out") == "[38, 29, 14, 30, 14, 17, 11, 3, 39]\n");
+
+    CHECK(run_tokenize("-m " + quoted(tmp.path / "text"), tmp.path / "text", tmp.path / "out",
+                       tmp.path / "err") == 2);
+    CHECK(run_tokenize("", tmp.path / "text", tmp.path / "out", tmp.path / "err") == 2);
+    CHECK(slurp(tmp.path / "err").find("-m") != std::string::npos);
 }

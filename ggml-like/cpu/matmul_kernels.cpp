@@ -81,8 +81,11 @@ void rows_scalar(const matmul_job& j, int64_t n0, int64_t n1) {
 
 // e4m3 bits s.eeee.mmm placed as f16 bits s.0eeee.mmm0000000 give the same value times 2^-8
 // (f16 bias 15 vs e4m3 bias 7), subnormals included. NaN codes are not special-cased: weights are
-// produced by saturating conversion and never hold NaN.
+// produced by saturating conversion and never hold NaN. Getting there in two operations:
+// sign-extend the byte to 16 bits and shift left by 7, which puts eeee.mmm in place and the sign
+// in bits 15 and 14; clearing bit 14 leaves exactly the f16 pattern.
 constexpr float f8_via_f16_rescale = 256.0f;
+constexpr short f8_f16_mask = short(0xBFFF);
 
 template <dtype T>
 MGL_AVX2 inline __m256 load8(const uint8_t* w, int64_t k) {
@@ -92,10 +95,8 @@ MGL_AVX2 inline __m256 load8(const uint8_t* w, int64_t k) {
         __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
-        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
-        __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
-        __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-        return _mm256_cvtph_ps(_mm_or_si128(mag, sign));
+        __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
+        return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(f8_f16_mask)));
     }
 }
 
@@ -171,11 +172,10 @@ MGL_AVX512 inline __m512 load16(const uint8_t* w, int64_t k) {
         __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     } else {
-        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
-        __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
-        __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(f8_f16_mask));
         // The zero-masked form: GCC 12 warns about the undefined source of the plain one.
-        return _mm512_maskz_cvtph_ps(__mmask16(0xFFFF), _mm256_or_si256(mag, sign));
+        return _mm512_maskz_cvtph_ps(__mmask16(0xFFFF), h);
     }
 }
 

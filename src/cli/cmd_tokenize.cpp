@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "mds/reader.h"
 #include "tokenizer/tokenizer.h"
 
 namespace minids::cli {
@@ -18,6 +19,7 @@ namespace minids::cli {
 namespace {
 
 struct TokenizeOptions {
+    std::string model;
     std::string tokenizer_json;
     std::string input_file;
     bool jsonl = false;
@@ -80,7 +82,8 @@ void tokenize_jsonl(const Tokenizer& tok, std::istream& in, bool add_special, st
 }
 
 int run_tokenize(const TokenizeOptions& opt) {
-    const Tokenizer tok(load_hf_tokenizer(opt.tokenizer_json));
+    const Tokenizer tok(opt.model.empty() ? load_hf_tokenizer(opt.tokenizer_json)
+                                          : mds::MdsFile::open(opt.model)->tokenizer());
     std::ifstream file;
     if (!opt.input_file.empty()) {
         file.open(opt.input_file, std::ios::binary);
@@ -114,13 +117,17 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
     auto opt = std::make_shared<TokenizeOptions>();
     auto* cmd = app.add_subcommand(
         "tokenize",
-        "Print the token ids of a text (stdin, or -f FILE), as one JSON array.\n"
+        "Print the token ids of a text (stdin, or -f FILE), as one JSON array, with the tokenizer\n"
+        "of a model (-m) or of a Hugging Face tokenizer.json (--tokenizer).\n"
         "The text is used byte for byte: a trailing newline from `echo` is tokenized too.");
+    auto* model =
+        cmd->add_option("-m,--model", opt->model, "model file (.mds) whose tokenizer to use")
+            ->check(CLI::ExistingFile);
     cmd->add_option("--tokenizer", opt->tokenizer_json,
-                    "Hugging Face tokenizer.json (tokenizer_config.json beside it is read when "
-                    "present, for BOS/EOS and add_bos_token)")
-        ->required()
-        ->check(CLI::ExistingFile);
+                    "Hugging Face tokenizer.json instead of a model (tokenizer_config.json beside "
+                    "it is read when present, for BOS/EOS and add_bos_token)")
+        ->check(CLI::ExistingFile)
+        ->excludes(model);
     cmd->add_option("-f,--file", opt->input_file, "read the text from FILE instead of stdin")
         ->check(CLI::ExistingFile);
     cmd->add_flag("--jsonl", opt->jsonl,
@@ -138,8 +145,15 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
                 throw InputError("--no-bos and --show-pieces apply to plain mode, not --jsonl");
             }
             if (!opt->jsonl && opt->bos) throw InputError("--bos applies to --jsonl mode only");
+            if (opt->model.empty() && opt->tokenizer_json.empty()) {
+                throw InputError(
+                    "give a model (-m M.mds) or a tokenizer (--tokenizer tokenizer.json)");
+            }
             exit_code = run_tokenize(*opt);
         } catch (const InputError& e) {
+            std::fprintf(stderr, "minids tokenize: error: %s\n", e.what());
+            exit_code = exit_bad_input;
+        } catch (const mds::FileError& e) {
             std::fprintf(stderr, "minids tokenize: error: %s\n", e.what());
             exit_code = exit_bad_input;
         } catch (const TokenizerError& e) {

@@ -304,6 +304,12 @@ ParsedManifest parse_manifest(std::string_view text, const FileExtent& extent,
             fail(file, "tokenizer.added_tokens[" + std::to_string(i) + "].id",
                  "an id below config.vocab_size (" + std::to_string(out.config.vocab_size) + ")",
                  std::to_string(out.tokenizer.added_tokens[i].id));
+    for (const auto& [key, id] : {std::pair{"tokenizer.bos_id", out.tokenizer.bos_id},
+                                  std::pair{"tokenizer.eos_id", out.tokenizer.eos_id}})
+        if (id && *id >= out.config.vocab_size)
+            fail(file, key,
+                 "an id below config.vocab_size (" + std::to_string(out.config.vocab_size) + ")",
+                 std::to_string(*id));
     check_provenance(r.required(m, "provenance"), file);
 
     std::vector<Extent> extents;

@@ -31,7 +31,11 @@ std::string printable_bytes(const uint8_t* p, size_t n) {
 
 void fail(const std::string& file, const std::string& field, const std::string& expected,
           const std::string& found) {
-    throw FileError(file + ": " + field + ": expected " + expected + ", found " + found);
+    std::string msg = file + ": " + field + ": expected " + expected + ", found " + found;
+    // Names and keys come from the file: keep control bytes out of the terminal.
+    for (char& ch : msg)
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    throw FileError(msg);
 }
 
 std::string hex_u64(uint64_t v) {

@@ -178,7 +178,7 @@ const std::set<std::string_view> kManifestKeys = {
     "norm_topk_prob", "routed_scaling_factor", "scoring_func", "rms_norm_eps", "rope_theta",
     "rope_scaling", "max_position_embeddings", "bos_token_id", "eos_token_id",
     "tie_word_embeddings"};
-const std::set<std::string_view> kYarnKeys = {"type", "factor", "original_max_position_embeddings",
+const std::set<std::string_view> kYarnKeys = {"factor", "original_max_position_embeddings",
                                               "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
 
 void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
@@ -296,8 +296,8 @@ json config_to_json(const ModelConfig& c) {
     j["rope_theta"] = c.rope_theta;
     if (c.rope_scaling) {
         const YarnScaling& y = *c.rope_scaling;
-        j["rope_scaling"] = {{"type", "yarn"},
-                             {"factor", y.factor},
+        // Always YaRN (the only scaling supported), so the canonical form carries no "type".
+        j["rope_scaling"] = {{"factor", y.factor},
                              {"original_max_position_embeddings", y.original_max_position_embeddings},
                              {"beta_fast", y.beta_fast},
                              {"beta_slow", y.beta_slow},
@@ -349,8 +349,6 @@ ModelConfig config_from_manifest_json(const json& j) {
     if (!rs.is_null()) {
         if (!rs.is_object()) fail("manifest config: field \"rope_scaling\": expected an object or null, found " + type_name(rs));
         man_no_unknown_keys(rs, kYarnKeys, "config.rope_scaling");
-        if (man_string(rs, "type") != "yarn")
-            fail("manifest config: field \"rope_scaling.type\": expected \"yarn\", found \"" + man_string(rs, "type") + "\"");
         YarnScaling y;
         y.factor = man_double(rs, "factor");
         y.original_max_position_embeddings = man_int(rs, "original_max_position_embeddings");

@@ -1,10 +1,13 @@
 #include "tokenizer/tokenizer.h"
 
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+
+#include <xxhash.h>
 
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
@@ -36,7 +39,9 @@ class AddedTokenMatcher {
 public:
     void add(const AddedToken& t) {
         by_content_.emplace(t.content, &t);
-        first_bytes_[static_cast<uint8_t>(t.content[0])] = true;
+        const auto first = static_cast<uint8_t>(t.content[0]);
+        only_first_byte_ = by_content_.size() == 1 || only_first_byte_ == first ? first : -1;
+        first_bytes_[first] = true;
         if (std::find(lengths_.begin(), lengths_.end(), t.content.size()) == lengths_.end()) {
             lengths_.push_back(t.content.size());
             std::sort(lengths_.rbegin(), lengths_.rend());
@@ -47,7 +52,14 @@ public:
     // The leftmost match at or after `from`, the longest among those starting there.
     const AddedToken* find(std::string_view text, size_t from, ByteSpan& span) const {
         for (size_t i = from; i < text.size(); ++i) {
-            if (!first_bytes_[static_cast<uint8_t>(text[i])]) continue;
+            if (only_first_byte_ >= 0) {
+                // All tokens start with the same byte (DeepSeek's all start with '<'): jump to it.
+                const void* hit = std::memchr(text.data() + i, only_first_byte_, text.size() - i);
+                if (!hit) return nullptr;
+                i = static_cast<const char*>(hit) - text.data();
+            } else if (!first_bytes_[static_cast<uint8_t>(text[i])]) {
+                continue;
+            }
             for (size_t len : lengths_) {
                 if (i + len > text.size()) continue;
                 auto it = by_content_.find(text.substr(i, len));
@@ -64,6 +76,13 @@ private:
     std::unordered_map<std::string_view, const AddedToken*> by_content_;
     std::vector<size_t> lengths_;  // distinct content lengths, longest first
     std::array<bool, 256> first_bytes_{};
+    int only_first_byte_ = -1;  // the first byte every token shares, or -1
+};
+
+// Hash for string keys looked up by string_view (no temporary std::string per lookup).
+struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return XXH3_64bits(s.data(), s.size()); }
 };
 
 // A stretch of the input: plain text (token < 0) or one added token.
@@ -87,7 +106,9 @@ struct Tokenizer::Impl {
     std::unordered_map<std::string_view, int32_t> id_of_text;
 
     std::mutex encode_mutex;  // guards everything below and the scratch buffers above
-    std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> piece_cache;  // -> ids span
+    // piece bytes -> (offset, count) of its ids in cached_ids
+    std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>>
+        piece_cache;
     std::vector<int32_t> cached_ids;
     std::vector<Segment> segments, refined;
     std::vector<ByteSpan> pieces;
@@ -150,7 +171,7 @@ struct Tokenizer::Impl {
             bpe.encode_piece(piece, out);
             return;
         }
-        auto it = piece_cache.find(std::string(piece));
+        auto it = piece_cache.find(piece);
         if (it != piece_cache.end()) {
             out.insert(out.end(), cached_ids.begin() + it->second.first,
                        cached_ids.begin() + it->second.first + it->second.second);
@@ -190,6 +211,10 @@ TokenizerData load_hf_tokenizer(const std::filesystem::path& tokenizer_json) {
 
 Tokenizer::Tokenizer(TokenizerData data)
     : data_(std::move(data)), impl_(std::make_unique<Impl>(data_)) {
+    if (!data_.byte_level || data_.model != "bpe") {
+        throw TokenizerError("tokenizer: only byte-level BPE is supported (model \"" + data_.model +
+                             "\", byte_level " + (data_.byte_level ? "true" : "false") + ")");
+    }
     Impl& im = *impl_;
     const auto n = data_.vocab.size();
     im.special.assign(n, false);

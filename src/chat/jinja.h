@@ -1,0 +1,63 @@
+// A small Jinja2 renderer for chat templates (the `chat_template` of tokenizer_config.json).
+//
+// It implements the subset chat templates use, with the environment Hugging Face's
+// apply_chat_template uses (trim_blocks and lstrip_blocks on, immutable values, Jinja's default
+// lenient Undefined, `raise_exception`, loop controls):
+//   statements  {% if/elif/else %}, {% for x in xs [if cond] %}...{% else %}, {% set x = e %},
+//               {% set ns.attr = e %}, {% break %}, {% continue %}, {% generation %}, comments,
+//               whitespace control ({%- -%} {{- -}}) and {%+ +%}
+//   expressions literals (strings, numbers, lists, dicts, true/false/none), names, a.b, a[b],
+//               a[i:j], calls, `not and or`, `== != < > <= >= in not-in`, `is [not] test`,
+//               `+ - * / // % ~`, `x if c else y`, filters `x | f(args)`
+//   globals     namespace(), raise_exception(), range(), loop.index/index0/first/last/length/
+//               revindex/revindex0/previtem/nextitem
+//   filters     default/d length/count trim upper lower capitalize title replace string int
+//               float list first last reverse join items tojson safe map select reject
+//               selectattr rejectattr
+//   tests       defined undefined none boolean true false integer float number string mapping
+//               iterable sequence callable even odd divisibleby eq/equalto ne lt gt le ge in
+//               sameas lower upper
+//   methods     str: strip lstrip rstrip split startswith endswith upper lower replace title
+//               capitalize; dict: items keys values get
+// upper/lower/title/capitalize change ASCII letters only.
+// Anything outside the subset fails with ChatTemplateError naming the line, never silently.
+//
+//     auto tmpl = minids::JinjaTemplate::parse(source);
+//     std::string text = tmpl.render({{"messages", msgs}, {"add_generation_prompt", true}});
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace minids {
+
+// A template that does not parse, or fails while rendering (including raise_exception).
+struct ChatTemplateError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+namespace jinja {
+struct Node;
+}
+
+class JinjaTemplate {
+public:
+    // Throws ChatTemplateError with the line of the first syntax error.
+    static JinjaTemplate parse(std::string_view source);
+    ~JinjaTemplate();
+    JinjaTemplate(JinjaTemplate&&) noexcept;
+    JinjaTemplate& operator=(JinjaTemplate&&) noexcept;
+
+    // Renders with the top-level variables of `context` (a JSON object; JSON null is None).
+    std::string render(const nlohmann::json& context) const;
+
+private:
+    JinjaTemplate();
+    std::unique_ptr<jinja::Node> root_;
+};
+
+}  // namespace minids
