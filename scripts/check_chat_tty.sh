@@ -39,11 +39,11 @@ step() { echo "== $1"; screen | sed '/^$/d' | tail -n 12; }
 # The exit status is written where the test can read it once the pane's shell is gone.
 tmux new-session -d -s "$session" -x 120 -y 40 \
     "$minids chat -m '$model' --temp 0 -n 8 -t 2; echo \$? > '$work/status'; sleep 30"
-wait_for '^> '
+wait_for '^>( |$)'
 step "prompt shown"
 
 # Line editing: type, move left over a typo with the arrow keys and fix it.
-tmux send-keys -t "$session" "Hello thxre" Left Left Left BSpace "e" Enter
+tmux send-keys -t "$session" "Hello thxre" Left Left BSpace "e" Enter
 wait_for 'answer [0-9]+ tokens'
 step "first answer (typed 'Hello thxre', fixed to 'Hello there' with Left/BSpace)"
 
@@ -55,7 +55,7 @@ step "Up recalled the last line"
 
 # Multi-line input with a trailing backslash, then a second turn that reuses the cache.
 tmux send-keys -t "$session" 'Tell me \' Enter
-wait_for '^\.\.\. '
+wait_for '^\.\.\.'
 tmux send-keys -t "$session" 'more' Enter
 wait_for '\(([1-9][0-9]*) reused\)'
 step "second turn (continuation prompt, cache reused)"
@@ -76,13 +76,13 @@ rm -f "$work/status"
 tmux kill-session -t "$session"
 tmux new-session -d -s "$session" -x 120 -y 40 \
     "$minids chat -m '$model' --temp 0 -n 400 -t 2; echo \$? > '$work/status'; sleep 30"
-wait_for '^> '
+wait_for '^>( |$)'
 # A long answer (no -n limit that ends it quickly) interrupted by one Ctrl-C: back at the prompt.
 tmux send-keys -t "$session" "Write a long story" Enter
 sleep 0.3
 tmux send-keys -t "$session" C-c
 wait_for 'interrupted|answer [0-9]+ tokens'
-wait_for '^> $'
+wait_for '^> ?$'
 step "one Ctrl-C during the answer: the answer stops, the prompt is back"
 [[ ! -s $work/status ]] || { echo "FAIL: the first Ctrl-C ended the program" >&2; exit 1; }
 tmux send-keys -t "$session" C-c
