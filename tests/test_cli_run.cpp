@@ -162,3 +162,38 @@ TEST_CASE("run cli: without -m the demo model is used, or one clear error") {
         check_user_error(r, "demo model");
     }
 }
+
+TEST_CASE("run cli: -f reads the prompt, --no-bos drops BOS, --chat-template wraps it as a user turn") {
+    const auto model = cli_converted_fixture().string();
+    TempDir dir;
+    const auto prompt_file = (dir.path / "prompt.txt").string();
+    std::ofstream(prompt_file) << "Hello there, general purpose text.";
+    auto prompt_tokens = [&](std::vector<std::string> extra) {
+        std::vector<std::string> args = {"run", "-m", model, "-n", "0", "--dump-logits", (dir.path / "l.npy").string()};
+        args.insert(args.end(), extra.begin(), extra.end());
+        CliResult r = run_minids(args);
+        INFO("stderr: " << r.err);
+        REQUIRE(r.status == 0);
+        std::string header;
+        std::vector<float> v;
+        REQUIRE(read_npy_f32((dir.path / "l.npy").string(), header, v));
+        return v.size() / 1024;
+    };
+    const size_t from_file = prompt_tokens({"-f", prompt_file});
+    CHECK(from_file == prompt_tokens({"-p", "Hello there, general purpose text."}));
+    CHECK(prompt_tokens({"-f", prompt_file, "--no-bos"}) == from_file - 1);
+    // DeepSeek-V2's template adds "User: ", "\n\nAssistant:" around the text (BOS once).
+    CHECK(prompt_tokens({"-f", prompt_file, "--chat-template", "deepseek2"}) > from_file + 2);
+    check_user_error(run_minids({"run", "-m", model, "-p", "x", "--chat-template", "no-such-template"}), "no-such-template");
+    check_user_error(run_minids({"run", "-m", model, "-f", (dir.path / "missing.txt").string()}), "missing.txt");
+}
+
+TEST_CASE("run cli: generation without -n stops when the context is full") {
+    CliResult r = run_minids({"run", "-m", cli_converted_fixture().string(), "--ids", "0,5,9", "-c", "12", "--temp", "0",
+                              "--print-ids"});
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 0);
+    CHECK(r.err.find("context full") != std::string::npos);
+    CHECK(lines_of(r.out).size() == 1);
+    CHECK(count_lines_containing(r.out, " ") == 1);
+}

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
 #include "runtime/generate.h"
@@ -87,9 +88,21 @@ int run(const RunOptions& o) {
     } else {
         std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
         if (!o.model.chat_template.empty()) {
-            throw UserError("--chat-template is not supported by run yet; use chat");
+            // The prompt becomes one user message; the template writes BOS itself.
+            const Tokenizer& tok = *m.tokenizer;
+            std::string source;
+            try {
+                source = resolve_chat_template(o.model.chat_template, tok.data().chat_template);
+            } catch (const ChatTemplateError& e) {
+                throw UserError(std::string("--chat-template: ") + e.what());
+            }
+            const std::string bos = tok.bos_id() ? tok.token_text(*tok.bos_id()) : std::string();
+            const std::string eos = tok.eos_id() ? tok.token_text(*tok.eos_id()) : std::string();
+            text = render_chat(source, {{"user", text}}, /*add_generation_prompt=*/true, bos, eos);
+            prompt = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+        } else {
+            prompt = m.tokenizer->encode(text, /*add_special=*/!o.no_bos);
         }
-        prompt = m.tokenizer->encode(text, /*add_special=*/!o.no_bos);
     }
     if (prompt.empty()) throw UserError("the prompt is empty");
     const int64_t n_prompt = int64_t(prompt.size());

@@ -20,7 +20,8 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
         ->capture_default_str()
         ->check(CLI::Range(0, 1024));
     cmd.add_option("--chat-template", f.chat_template,
-                   "chat template by name (deepseek2, deepseek3, chatml) instead of the model's own");
+                   "chat template instead of the model's own: deepseek2, deepseek3, chatml or Jinja source "
+                   "(run sends the prompt as one user message with it)");
 }
 
 void add_sampling_flags(CLI::App& cmd, SamplerParams& p) {
