@@ -30,7 +30,8 @@ inline std::string slurp(const std::filesystem::path& p) {
     return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-inline CliResult run_minids(const std::vector<std::string>& args, const std::string& stdin_text = {}) {
+inline CliResult run_minids(const std::vector<std::string>& args,
+                            const std::string& stdin_text = {}) {
     TempDir io;
     std::ofstream(io.path / "in", std::ios::binary) << stdin_text;
     std::string cmd = shell_quote(minids_binary().string());
@@ -39,7 +40,8 @@ inline CliResult run_minids(const std::vector<std::string>& args, const std::str
         cmd.push_back(' ');
         cmd.append(shell_quote(a));
     }
-    for (const auto& [redirect, file] : {std::pair{" <", "in"}, std::pair{" >", "out"}, std::pair{" 2>", "err"}}) {
+    for (const auto& [redirect, file] :
+         {std::pair{" <", "in"}, std::pair{" >", "out"}, std::pair{" 2>", "err"}}) {
         cmd.append(redirect);
         cmd.append(shell_quote((io.path / file).string()));
     }
@@ -74,8 +76,8 @@ inline std::filesystem::path cli_converted_fixture() {
     static TempDir dir;  // test-run cache
     const auto out = dir.path / "tiny-v2-lite.mds";
     if (!std::filesystem::exists(out)) {
-        CliResult r = run_minids({"convert", (data_dir() / "tiny-v2-lite").string(), "-o", out.string(),
-                                  "--expert-dtype", "bf16"});
+        CliResult r = run_minids({"convert", (data_dir() / "tiny-v2-lite").string(), "-o",
+                                  out.string(), "--expert-dtype", "bf16"});
         if (r.status != 0) throw std::runtime_error("minids convert failed: " + r.err);
     }
     return out;

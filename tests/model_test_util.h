@@ -23,7 +23,8 @@
 namespace minids::test {
 
 // Converts `hf_dir` with the given expert dtype into `out` (library API, quiet).
-inline void convert_quiet(const std::filesystem::path& hf_dir, const std::filesystem::path& out, mgl::dtype experts) {
+inline void convert_quiet(const std::filesystem::path& hf_dir, const std::filesystem::path& out,
+                          mgl::dtype experts) {
     convert::ConvertOptions o;
     o.hf_dir = hf_dir;
     o.out = out;
@@ -71,7 +72,8 @@ inline FixtureReference load_fixture_reference() {
     r.greedy = j.at("greedy").get<std::vector<std::vector<int32_t>>>();
     StTensors t;
     read_safetensors((dir / "reference.safetensors").string(), t);
-    for (size_t i = 0; i < r.prompts.size(); ++i) r.logits.push_back(t.at("logits_" + std::to_string(i)));
+    for (size_t i = 0; i < r.prompts.size(); ++i)
+        r.logits.push_back(t.at("logits_" + std::to_string(i)));
     return r;
 }
 

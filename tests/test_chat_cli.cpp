@@ -20,7 +20,8 @@ std::vector<TurnStats> turn_stats(const std::string& err) {
     std::regex re(R"(\[prompt (\d+) new tokens \((\d+) reused\).*answer (\d+) tokens)");
     for (const auto& line : lines_of(err)) {
         std::smatch m;
-        if (std::regex_search(line, m, re)) turns.push_back({std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])});
+        if (std::regex_search(line, m, re))
+            turns.push_back({std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])});
     }
     return turns;
 }
@@ -32,7 +33,8 @@ std::vector<std::string> chat_args() {
 }  // namespace
 
 TEST_CASE("chat cli: two turns reuse the cache, /clear starts over, /exit quits") {
-    const std::string script = "Hello there\nTell me more \\\nabout it\n/clear\nAgain\n/exit\nnot read\n";
+    const std::string script =
+        "Hello there\nTell me more \\\nabout it\n/clear\nAgain\n/exit\nnot read\n";
     CliResult r = run_minids(chat_args(), script);
     INFO("stderr: " << r.err);
     INFO("stdout: " << r.out);
@@ -63,7 +65,8 @@ TEST_CASE("chat cli: end of input exits 0, a system prompt is accepted") {
         INFO(flag << " stderr: " << r.err);
         CHECK(r.status == 0);
         REQUIRE(turn_stats(r.err).size() == 1);
-        CHECK(turn_stats(r.err)[0].new_tokens > turn_stats(plain.err)[0].new_tokens + 3);  // the system text is in
+        CHECK(turn_stats(r.err)[0].new_tokens >
+              turn_stats(plain.err)[0].new_tokens + 3);  // the system text is in
     }
     CliResult empty = run_minids(chat_args(), "");
     CHECK(empty.status == 0);
@@ -73,7 +76,8 @@ TEST_CASE("chat cli: end of input exits 0, a system prompt is accepted") {
 TEST_CASE("chat cli: a missing model and a bad template name exit 2") {
     CliResult r = run_minids({"chat", "-m", "/nonexistent/model.mds"}, "Hi\n");
     CHECK(r.status == 2);
-    CliResult t = run_minids({"chat", "-m", cli_converted_fixture().string(), "--chat-template", "nope"}, "Hi\n");
+    CliResult t = run_minids(
+        {"chat", "-m", cli_converted_fixture().string(), "--chat-template", "nope"}, "Hi\n");
     INFO("stderr: " << t.err);
     CHECK(t.status == 2);
     CHECK(t.err.find("nope") != std::string::npos);

@@ -57,8 +57,10 @@ TEST_CASE("model: tiny-v2-lite logits match the reference at every position (BF1
         std::vector<float> logits = s.eval(ref.prompts[i], /*all_logits=*/true);
         REQUIRE(logits.size() == ref.prompts[i].size() * V);
         const auto& r = ref.logits[i].values;
-        double err = worst_position_error(logits, ref.prompts[i].size(), V, [&](size_t t, size_t v) { return r[t * V + v]; });
-        INFO("prompt " << i << " (" << ref.prompts[i].size() << " tokens): worst max|diff|/max|ref| = " << err);
+        double err = worst_position_error(logits, ref.prompts[i].size(), V,
+                                          [&](size_t t, size_t v) { return r[t * V + v]; });
+        INFO("prompt " << i << " (" << ref.prompts[i].size()
+                       << " tokens): worst max|diff|/max|ref| = " << err);
         CHECK(err <= 1e-4);
     }
 }
@@ -83,13 +85,15 @@ TEST_CASE("model: incremental decode and chunked prefill give the one-shot logit
     const std::vector<float> full = one_shot.eval(prompt, true);
     auto compare_rows = [&](const std::vector<float>& got, size_t first_pos) {
         const size_t n = got.size() / V;
-        return worst_position_error(got, n, V, [&](size_t t, size_t v) { return double(full[(first_pos + t) * V + v]); });
+        return worst_position_error(
+            got, n, V, [&](size_t t, size_t v) { return double(full[(first_pos + t) * V + v]); });
     };
 
     SUBCASE("prefill 5 tokens, then one at a time") {
         Session s(*m.model, *m.backend, small_session(64, 8));
         double worst = compare_rows(s.eval(std::span(prompt).first(5), true), 0);
-        for (size_t t = 5; t < T; ++t) worst = std::max(worst, compare_rows(s.eval(std::span(prompt).subspan(t, 1), true), t));
+        for (size_t t = 5; t < T; ++t)
+            worst = std::max(worst, compare_rows(s.eval(std::span(prompt).subspan(t, 1), true), t));
         INFO("worst relative difference " << worst);
         CHECK(worst <= 1e-5);
         CHECK(s.cache().length(s.sequence()) == int64_t(T));
@@ -105,7 +109,8 @@ TEST_CASE("model: incremental decode and chunked prefill give the one-shot logit
     SUBCASE("truncate back to a prefix and continue") {
         Session s(*m.model, *m.backend, small_session(64, 8));
         std::vector<int32_t> other(prompt.begin(), prompt.begin() + 20);
-        for (size_t i = 10; i < 20; ++i) other[i] = (other[i] * 7 + 3) % int32_t(V);  // diverges at 10
+        for (size_t i = 10; i < 20; ++i)
+            other[i] = (other[i] * 7 + 3) % int32_t(V);  // diverges at 10
         s.eval(other);
         CHECK(s.common_prefix(prompt) == 10);
         s.truncate(10);
@@ -162,16 +167,19 @@ TEST_CASE("model: FP8 experts stay close to the reference") {
         s.eval(ref.prompts[i]);
         size_t forced = 0;
         for (size_t k = 0; k < ref.greedy[i].size(); ++k) {
-            forced += int32_t(std::max_element(last.begin(), last.end()) - last.begin()) == ref.greedy[i][k];
+            forced += int32_t(std::max_element(last.begin(), last.end()) - last.begin()) ==
+                      ref.greedy[i][k];
             const int32_t next[1] = {ref.greedy[i][k]};
             if (k + 1 < ref.greedy[i].size()) last = s.eval(next);
         }
         forced_agree += forced;
         total += ref.greedy[i].size();
-        MESSAGE("FP8 experts, prompt " << i << ": relative L2 of logits " << l2 << "; greedy: first " << same
-                                       << " of 24 tokens identical, " << forced << " of 24 steps agree teacher-forced");
+        MESSAGE("FP8 experts, prompt " << i << ": relative L2 of logits " << l2
+                                       << "; greedy: first " << same << " of 24 tokens identical, "
+                                       << forced << " of 24 steps agree teacher-forced");
     }
-    MESSAGE("FP8 experts: teacher-forced greedy agreement " << forced_agree << "/" << total
-                                                            << ", identical free-running prefixes " << prefix_total << "/" << total);
+    MESSAGE("FP8 experts: teacher-forced greedy agreement "
+            << forced_agree << "/" << total << ", identical free-running prefixes " << prefix_total
+            << "/" << total);
     CHECK(forced_agree * 10 >= total * 8);
 }

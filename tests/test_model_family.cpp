@@ -18,8 +18,8 @@ using namespace minids::test;
 namespace {
 
 // Adds a tensor of uniform values in [-a, a) (or 1 ± a for norms), rounded to BF16.
-void add_random(StTensors& w, const std::string& name, std::vector<int64_t> shape, double a, std::mt19937_64& rng,
-                bool is_norm = false) {
+void add_random(StTensors& w, const std::string& name, std::vector<int64_t> shape, double a,
+                std::mt19937_64& rng, bool is_norm = false) {
     std::uniform_real_distribution<double> d(-a, a);
     StTensor t;
     t.shape = shape;
@@ -30,7 +30,8 @@ void add_random(StTensors& w, const std::string& name, std::vector<int64_t> shap
     w[name] = std::move(t);
 }
 
-void add_linear(StTensors& w, const std::string& name, int64_t out, int64_t in, std::mt19937_64& rng, double gain = 1.0) {
+void add_linear(StTensors& w, const std::string& name, int64_t out, int64_t in,
+                std::mt19937_64& rng, double gain = 1.0) {
     add_random(w, name, {out, in}, gain * std::sqrt(3.0 / double(in)), rng);
 }
 
@@ -44,7 +45,8 @@ void add_mlp(StTensors& w, const std::string& p, int64_t D, int64_t ff, std::mt1
 StTensors random_checkpoint(const RefConfig& c, uint64_t seed) {
     std::mt19937_64 rng(seed);
     StTensors w;
-    const int64_t D = c.hidden_size, H = c.num_attention_heads, dq = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    const int64_t D = c.hidden_size, H = c.num_attention_heads,
+                  dq = c.qk_nope_head_dim + c.qk_rope_head_dim;
     add_random(w, "model.embed_tokens.weight", {c.vocab_size, D}, 1.0, rng);
     add_linear(w, "lm_head.weight", c.vocab_size, D, rng);
     add_random(w, "model.norm.weight", {D}, 0.2, rng, true);
@@ -59,20 +61,25 @@ StTensors random_checkpoint(const RefConfig& c, uint64_t seed) {
         } else {
             add_linear(w, p + "self_attn.q_proj.weight", H * dq, D, rng, 2.0);
         }
-        add_linear(w, p + "self_attn.kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, D, rng, 2.0);
+        add_linear(w, p + "self_attn.kv_a_proj_with_mqa.weight",
+                   c.kv_lora_rank + c.qk_rope_head_dim, D, rng, 2.0);
         add_random(w, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, 0.2, rng, true);
-        add_linear(w, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, rng, 2.0);
+        add_linear(w, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
+                   c.kv_lora_rank, rng, 2.0);
         add_linear(w, p + "self_attn.o_proj.weight", D, H * c.v_head_dim, rng);
-        const bool moe = c.n_routed_experts > 0 && l >= c.first_k_dense_replace && l % c.moe_layer_freq == 0;
+        const bool moe =
+            c.n_routed_experts > 0 && l >= c.first_k_dense_replace && l % c.moe_layer_freq == 0;
         if (!moe) {
             add_mlp(w, p + "mlp.", D, c.intermediate_size, rng);
             continue;
         }
         add_linear(w, p + "mlp.gate.weight", c.n_routed_experts, D, rng, 3.0);
         for (int64_t e = 0; e < c.n_routed_experts; ++e)
-            add_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", D, c.moe_intermediate_size, rng);
+            add_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", D, c.moe_intermediate_size,
+                    rng);
         if (c.n_shared_experts)
-            add_mlp(w, p + "mlp.shared_experts.", D, c.moe_intermediate_size * *c.n_shared_experts, rng);
+            add_mlp(w, p + "mlp.shared_experts.", D, c.moe_intermediate_size * *c.n_shared_experts,
+                    rng);
     }
     return w;
 }
@@ -118,8 +125,12 @@ nlohmann::json base_config() {
 }
 
 nlohmann::json yarn(double factor, double mscale, double mscale_all_dim) {
-    return {{"type", "yarn"},  {"factor", factor}, {"original_max_position_embeddings", 4096},
-            {"beta_fast", 32}, {"beta_slow", 1},   {"mscale", mscale},
+    return {{"type", "yarn"},
+            {"factor", factor},
+            {"original_max_position_embeddings", 4096},
+            {"beta_fast", 32},
+            {"beta_slow", 1},
+            {"mscale", mscale},
             {"mscale_all_dim", mscale_all_dim}};
 }
 
@@ -151,14 +162,18 @@ double engine_vs_reference(const nlohmann::json& config, uint64_t seed) {
     std::vector<float> rest = s.eval(std::span(prompt).subspan(17), true);
     logits.insert(logits.end(), rest.begin(), rest.end());
     const size_t V = size_t(rc.vocab_size);
-    return worst_position_error(logits, prompt.size(), V, [&](size_t t, size_t v) { return ref[t][v]; });
+    return worst_position_error(logits, prompt.size(), V,
+                                [&](size_t t, size_t v) { return ref[t][v]; });
 }
 
 }  // namespace
 
-TEST_CASE("model family: q_lora_rank, group-limited routing, norm_topk_prob, moe_layer_freq 2, v != nope, YaRN mscale != mscale_all_dim") {
+TEST_CASE(
+    "model family: q_lora_rank, group-limited routing, norm_topk_prob, moe_layer_freq 2, v != "
+    "nope, YaRN mscale != mscale_all_dim") {
     nlohmann::json c = base_config();
-    c["num_hidden_layers"] = 4;  // layer 0 dense (first_k_dense_replace), 1 and 3 dense (freq 2), 2 MoE
+    c["num_hidden_layers"] =
+        4;  // layer 0 dense (first_k_dense_replace), 1 and 3 dense (freq 2), 2 MoE
     c["q_lora_rank"] = 20;
     c["v_head_dim"] = 12;
     c["topk_method"] = "group_limited_greedy";
@@ -172,7 +187,9 @@ TEST_CASE("model family: q_lora_rank, group-limited routing, norm_topk_prob, moe
     CHECK(err <= 1e-4);
 }
 
-TEST_CASE("model family: plain RoPE (rope_scaling null), routed_scaling_factor, no shared experts, all layers MoE") {
+TEST_CASE(
+    "model family: plain RoPE (rope_scaling null), routed_scaling_factor, no shared experts, all "
+    "layers MoE") {
     nlohmann::json c = base_config();
     c["first_k_dense_replace"] = 0;
     c["n_shared_experts"] = nullptr;
@@ -183,7 +200,9 @@ TEST_CASE("model family: plain RoPE (rope_scaling null), routed_scaling_factor, 
     CHECK(err <= 1e-4);
 }
 
-TEST_CASE("model family: YaRN with mscale_all_dim 0, norm_topk_prob with one expert, two shared experts") {
+TEST_CASE(
+    "model family: YaRN with mscale_all_dim 0, norm_topk_prob with one expert, two shared "
+    "experts") {
     nlohmann::json c = base_config();
     c["rope_scaling"] = yarn(40.0, 0.707, 0.0);
     c["norm_topk_prob"] = true;

@@ -75,7 +75,7 @@ std::optional<std::string> read_message(LineReader& in) {
 
 // The template's text pieces chat needs besides rendering.
 struct ChatFormat {
-    std::string source;             // Jinja
+    std::string source;              // Jinja
     std::string bos_text, eos_text;  // what bos_token / eos_token render as
     std::vector<std::string> stops;  // text that ends an answer besides the EOS id
     // What the template puts between the generation prompt and an assistant message's content
@@ -114,8 +114,8 @@ std::string user_turn_opening(const ChatFormat& f) {
 std::string assistant_lead(const ChatFormat& f) {
     try {
         const std::string a = render_chat(f.source, {{"user", "Q"}}, true, f.bos_text, f.eos_text);
-        const std::string b = render_chat(f.source, {{"user", "Q"}, {"assistant", "MINIDS_ANSWER"}}, false,
-                                          f.bos_text, f.eos_text);
+        const std::string b = render_chat(f.source, {{"user", "Q"}, {"assistant", "MINIDS_ANSWER"}},
+                                          false, f.bos_text, f.eos_text);
         const size_t at = b.find("MINIDS_ANSWER");
         if (b.compare(0, a.size(), a) != 0 || at == std::string::npos || at < a.size()) return {};
         return b.substr(a.size(), at - a.size());
@@ -160,8 +160,12 @@ int chat(const ChatOptions& o) {
     std::vector<ChatMessage> messages;
     if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
     const size_t n_fixed = messages.size();
-    const std::optional<int32_t> eos = tok.eos_id() ? tok.eos_id() : std::optional<int32_t>(int32_t(cfg.eos_token_id));
-    if (in.tty()) std::fprintf(stderr, "minids chat: /clear forgets the conversation, /exit or Ctrl-D quits, a line ending in \\ continues\n");
+    const std::optional<int32_t> eos =
+        tok.eos_id() ? tok.eos_id() : std::optional<int32_t>(int32_t(cfg.eos_token_id));
+    if (in.tty())
+        std::fprintf(stderr,
+                     "minids chat: /clear forgets the conversation, /exit or Ctrl-D quits, a line "
+                     "ending in \\ continues\n");
 
     for (;;) {
         interrupt.set_at_prompt(true);
@@ -179,20 +183,26 @@ int chat(const ChatOptions& o) {
 
         messages.push_back({"user", *input});
         // The template writes BOS itself: encode without adding specials, parsing them in the text.
-        const std::string prompt = render_chat(format.source, messages, /*add_generation_prompt=*/true,
-                                               format.bos_text, format.eos_text);
-        std::vector<int32_t> tokens = tok.encode(prompt, /*add_special=*/false, /*parse_special=*/true);
-        if (tok.bos_id() && tok.data().add_bos && (tokens.empty() || tokens.front() != *tok.bos_id())) {
+        const std::string prompt =
+            render_chat(format.source, messages, /*add_generation_prompt=*/true, format.bos_text,
+                        format.eos_text);
+        std::vector<int32_t> tokens =
+            tok.encode(prompt, /*add_special=*/false, /*parse_special=*/true);
+        if (tok.bos_id() && tok.data().add_bos &&
+            (tokens.empty() || tokens.front() != *tok.bos_id())) {
             tokens.insert(tokens.begin(), *tok.bos_id());
         }
         if (int64_t(tokens.size()) >= o.model.n_ctx) {
-            std::fprintf(stderr, "minids chat: the conversation has %zu tokens, the context only %lld (-c); /clear starts over\n",
+            std::fprintf(stderr,
+                         "minids chat: the conversation has %zu tokens, the context only %lld "
+                         "(-c); /clear starts over\n",
                          tokens.size(), (long long)o.model.n_ctx);
             messages.pop_back();
             continue;
         }
         // Reuse the cached prefix; at least one token must be evaluated to get logits.
-        const int64_t reused = std::min<int64_t>(session.common_prefix(tokens), int64_t(tokens.size()) - 1);
+        const int64_t reused =
+            std::min<int64_t>(session.common_prefix(tokens), int64_t(tokens.size()) - 1);
         session.truncate(reused);
         std::span<const int32_t> new_tokens = std::span(tokens).subspan(size_t(reused));
 
@@ -218,11 +228,15 @@ int chat(const ChatOptions& o) {
             answer.erase(0, format.assistant_lead.size());
         }
         messages.push_back({"assistant", answer});
-        std::fprintf(stderr, "[prompt %lld new tokens (%lld reused) %.1f tok/s, answer %lld tokens %.1f tok/s%s]\n",
-                     (long long)st.n_prompt, (long long)reused, st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0,
-                     (long long)st.n_gen, st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0,
-                     st.stop == StopReason::interrupted ? ", interrupted" :
-                     st.stop == StopReason::context_full ? ", context full" : "");
+        std::fprintf(
+            stderr,
+            "[prompt %lld new tokens (%lld reused) %.1f tok/s, answer %lld tokens %.1f tok/s%s]\n",
+            (long long)st.n_prompt, (long long)reused,
+            st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0, (long long)st.n_gen,
+            st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0,
+            st.stop == StopReason::interrupted    ? ", interrupted"
+            : st.stop == StopReason::context_full ? ", context full"
+                                                  : "");
     }
 }
 
@@ -230,18 +244,21 @@ int chat(const ChatOptions& o) {
 
 void add_chat_command(CLI::App& app, int& exit_code) {
     auto opts = std::make_shared<ChatOptions>();
-    auto* cmd = app.add_subcommand(
-        "chat",
-        "interactive chat with the model's chat template: /clear forgets the conversation, /exit (or Ctrl-D) "
-        "quits, a line ending in \\ continues on the next; Ctrl-C stops an answer, a second Ctrl-C exits");
+    auto* cmd = app.add_subcommand("chat",
+                                   "interactive chat with the model's chat template: /clear "
+                                   "forgets the conversation, /exit (or Ctrl-D) "
+                                   "quits, a line ending in \\ continues on the next; Ctrl-C stops "
+                                   "an answer, a second Ctrl-C exits");
     add_model_flags(*cmd, opts->model);
     cmd->add_option("--sys,--system-prompt", opts->system_prompt,
                     "system message at the start of the conversation (also -sys, as in llama.cpp)");
-    cmd->add_option("-n,--n-predict", opts->n_predict, "most tokens per answer (-1: until end of sequence)")
+    cmd->add_option("-n,--n-predict", opts->n_predict,
+                    "most tokens per answer (-1: until end of sequence)")
         ->capture_default_str()
         ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
     add_sampling_flags(*cmd, opts->sampling);
-    cmd->callback([opts, &exit_code] { exit_code = run_guarded("chat", [&] { return chat(*opts); }); });
+    cmd->callback(
+        [opts, &exit_code] { exit_code = run_guarded("chat", [&] { return chat(*opts); }); });
 }
 
 }  // namespace minids::cli
