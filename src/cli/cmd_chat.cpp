@@ -89,6 +89,13 @@ std::string token_text_or_empty(const Tokenizer& tok, std::optional<int32_t> id)
     return id ? tok.token_text(*id) : std::string();
 }
 
+std::string trim(std::string s) {
+    const char* space = " \t\r\n";
+    s.erase(0, std::min(s.size(), s.find_first_not_of(space)));
+    s.erase(s.find_last_not_of(space) + 1);
+    return s;
+}
+
 // A model that does not end its answer with EOS tends to write the next user turn itself. The
 // text that opens a user turn is found by rendering a conversation with and without one more
 // user message and taking what precedes that message's content ("User:" for DeepSeek-V2).
@@ -101,11 +108,7 @@ std::string user_turn_opening(const ChatFormat& f) {
         const std::string b = render_chat(f.source, three, false, f.bos_text, f.eos_text);
         const size_t at = b.find("MINIDS_NEXT_USER_TURN");
         if (b.compare(0, a.size(), a) != 0 || at == std::string::npos || at < a.size()) return {};
-        std::string opening = b.substr(a.size(), at - a.size());
-        const char* space = " \t\r\n";
-        opening.erase(0, std::min(opening.size(), opening.find_first_not_of(space)));
-        opening.erase(opening.find_last_not_of(space) + 1);
-        return opening;
+        return trim(b.substr(a.size(), at - a.size()));
     } catch (const std::exception&) {
         return {};  // a template that refuses this conversation simply gets no stop string
     }
@@ -119,6 +122,21 @@ std::string assistant_lead(const ChatFormat& f) {
         const size_t at = b.find("MINIDS_ANSWER");
         if (b.compare(0, a.size(), a) != 0 || at == std::string::npos || at < a.size()) return {};
         return b.substr(a.size(), at - a.size());
+    } catch (const std::exception&) {
+        return {};
+    }
+}
+
+// The generation prompt itself ("Assistant:"): a model that writes it inside its answer has
+// started another answer of its own.
+std::string generation_opening(const ChatFormat& f) {
+    try {
+        const std::string with =
+            render_chat(f.source, {{"user", "Q"}}, true, f.bos_text, f.eos_text);
+        const std::string without =
+            render_chat(f.source, {{"user", "Q"}}, false, f.bos_text, f.eos_text);
+        if (with.compare(0, without.size(), without) != 0) return {};
+        return trim(with.substr(without.size()));
     } catch (const std::exception&) {
         return {};
     }
@@ -140,7 +158,9 @@ ChatFormat chat_format(const LoadedModel& m, const std::string& choice) {
     f.bos_text = token_text_or_empty(*m.tokenizer, m.tokenizer->bos_id());
     f.eos_text = token_text_or_empty(*m.tokenizer, m.tokenizer->eos_id());
     if (!f.eos_text.empty()) f.stops.push_back(f.eos_text);
-    if (std::string opening = user_turn_opening(f); !opening.empty()) f.stops.push_back(opening);
+    for (std::string opening : {user_turn_opening(f), generation_opening(f)}) {
+        if (!opening.empty()) f.stops.push_back(opening);
+    }
     f.assistant_lead = assistant_lead(f);
     return f;
 }
