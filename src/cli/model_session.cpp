@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "chat/jinja.h"
 #include "cli/commands.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer_data.h"
@@ -137,6 +138,9 @@ int run_guarded(const char* command, const std::function<int()>& body) {
         return exit_bad_input;
     } catch (const TokenizerError& e) {
         std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
+        return exit_bad_input;
+    } catch (const ChatTemplateError& e) {  // the template refused the conversation
+        std::fprintf(stderr, "minids %s: error: chat template: %s\n", command, e.what());
         return exit_bad_input;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "minids %s: internal error: %s\n", command, e.what());
