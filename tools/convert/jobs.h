@@ -35,7 +35,7 @@ private:
 bool interrupt_requested();
 void throw_if_interrupted();
 
-// 0 -> the machine's hardware threads.
+// 0 -> twice the machine's hardware threads (workers block in direct writes).
 int resolve_threads(int requested);
 
 // Calls fn(i) for i in [0, n) on n_threads threads (the caller's included). Indices are handed
