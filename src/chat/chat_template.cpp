@@ -9,18 +9,19 @@ namespace minids {
 std::string render_chat(const std::string& template_src, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt, const std::string& bos_token,
                         const std::string& eos_token) {
-    nlohmann::json msgs = nlohmann::json::array();
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
     return render_chat_json(template_src, msgs, add_generation_prompt, bos_token, eos_token,
                             nullptr);
 }
 
-std::string render_chat_json(const std::string& template_src, const nlohmann::json& messages,
-                             bool add_generation_prompt, const std::string& bos_token,
-                             const std::string& eos_token, const nlohmann::json& extra) {
+std::string render_chat_json(const std::string& template_src,
+                             const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                             const std::string& bos_token, const std::string& eos_token,
+                             const nlohmann::ordered_json& extra) {
     if (!messages.is_array())
         throw ChatTemplateError("chat template: messages should be a JSON array");
-    nlohmann::json context = extra.is_object() ? extra : nlohmann::json::object();
+    nlohmann::ordered_json context = extra.is_object() ? extra : nlohmann::ordered_json::object();
     context["messages"] = messages;
     context["add_generation_prompt"] = add_generation_prompt;
     context["bos_token"] = bos_token;

@@ -33,10 +33,11 @@ std::string render_chat(const std::string& template_src, const std::vector<ChatM
                         const std::string& eos_token);
 
 // The same with messages given as JSON (for content: null, tool_calls, tool messages) and extra
-// top-level variables merged in (`extra` may be null).
-std::string render_chat_json(const std::string& template_src, const nlohmann::json& messages,
-                             bool add_generation_prompt, const std::string& bos_token,
-                             const std::string& eos_token, const nlohmann::json& extra);
+// top-level variables merged in (`extra` may be null, e.g. {"tools": [...]}). Key order is kept.
+std::string render_chat_json(const std::string& template_src,
+                             const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                             const std::string& bos_token, const std::string& eos_token,
+                             const nlohmann::ordered_json& extra);
 
 // The template to use: `choice` is a built-in name (deepseek2, deepseek3, chatml), or Jinja
 // source (anything containing "{%" or "{{"), or empty for the model's own `model_template`.

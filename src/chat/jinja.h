@@ -53,7 +53,9 @@ public:
     JinjaTemplate& operator=(JinjaTemplate&&) noexcept;
 
     // Renders with the top-level variables of `context` (a JSON object; JSON null is None).
-    std::string render(const nlohmann::json& context) const;
+    // Objects keep their key order (Python dicts do; it shows in loops and tojson), so build
+    // the context as ordered_json; a plain nlohmann::json converts (with its keys sorted).
+    std::string render(const nlohmann::ordered_json& context) const;
 
 private:
     JinjaTemplate();

@@ -215,7 +215,7 @@ Value call_method(const Value& obj, const std::string& name, const CallArgs& a) 
             List l;
             for (const auto& [k, v] : *obj.dict) {
                 if (name == "items") {
-                    l.push_back(Value::make_list({Value::string(k), v}));
+                    l.push_back(Value::make_tuple({Value::string(k), v}));
                 } else {
                     l.push_back(name == "keys" ? Value::string(k) : v);
                 }

@@ -20,7 +20,7 @@ enum class Flow { normal, loop_break, loop_continue };
 
 class Renderer {
 public:
-    explicit Renderer(const nlohmann::json& context) {
+    explicit Renderer(const nlohmann::ordered_json& context) {
         scopes_.emplace_back();
         auto& globals = scopes_.back();
         globals["raise_exception"] = Value::function([](CallArgs& a) -> Value {
@@ -158,6 +158,7 @@ private:
         }
         const auto len = static_cast<int64_t>(items.size());
         for (int64_t k = 0; k < len; ++k) {
+            scopes_.back().clear();  // each iteration starts afresh: `set` does not carry over
             assign_targets(n.targets, items[k], n.line);
             Dict loop{{"index", Value::integer(k + 1)},
                       {"index0", Value::integer(k)},
@@ -186,7 +187,8 @@ private:
             case Expr::Kind::tuple: {
                 List l;
                 for (const auto& a : e.args) l.push_back(eval(*a));
-                return Value::make_list(std::move(l));
+                return e.kind == Expr::Kind::tuple ? Value::make_tuple(std::move(l))
+                                                   : Value::make_list(std::move(l));
             }
             case Expr::Kind::dict: {
                 Dict d;
@@ -377,7 +379,7 @@ JinjaTemplate JinjaTemplate::parse(std::string_view source) {
     return t;
 }
 
-std::string JinjaTemplate::render(const nlohmann::json& context) const {
+std::string JinjaTemplate::render(const nlohmann::ordered_json& context) const {
     jinja::Renderer renderer(context);
     std::string out;
     renderer.render(*root_, out);

@@ -145,22 +145,7 @@ private:
                     {Token::Kind::name, std::string(src_.substr(pos, end - pos)), line});
                 pos = end;
             } else if (std::isdigit(static_cast<unsigned char>(c))) {
-                size_t end = pos;
-                bool is_float = false;
-                while (end < src_.size() &&
-                       (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_' ||
-                        (src_[end] == '.' && !is_float && end + 1 < src_.size() &&
-                         std::isdigit(static_cast<unsigned char>(src_[end + 1]))))) {
-                    is_float |= src_[end] == '.';
-                    ++end;
-                }
-                std::string digits;
-                for (char d : src_.substr(pos, end - pos)) {
-                    if (d != '_') digits += d;
-                }
-                tokens_.push_back(
-                    {is_float ? Token::Kind::floating : Token::Kind::integer, digits, line});
-                pos = end;
+                pos = lex_number(pos, line);
             } else if (c == '\'' || c == '"') {
                 pos = lex_string(pos, line);
             } else {
@@ -180,6 +165,40 @@ private:
                 if (!found) syntax_error(line, std::string("unexpected character '") + c + "'");
             }
         }
+    }
+
+    // 12, 1_000, 1.5, 1e3, 2.5E-2 (Jinja's number syntax, less hex/octal/binary).
+    size_t lex_number(size_t pos, int line) {
+        auto is_digit = [&](size_t p) {
+            return p < src_.size() && std::isdigit(static_cast<unsigned char>(src_[p]));
+        };
+        std::string digits;
+        bool is_float = false;
+        auto take_digits = [&] {
+            while (is_digit(pos) || (pos < src_.size() && src_[pos] == '_' && is_digit(pos + 1))) {
+                if (src_[pos] != '_') digits += src_[pos];
+                ++pos;
+            }
+        };
+        take_digits();
+        if (pos < src_.size() && src_[pos] == '.' && is_digit(pos + 1)) {
+            is_float = true;
+            digits += src_[pos++];
+            take_digits();
+        }
+        if (pos < src_.size() && (src_[pos] == 'e' || src_[pos] == 'E')) {
+            size_t p = pos + 1;
+            if (p < src_.size() && (src_[p] == '+' || src_[p] == '-')) ++p;
+            if (is_digit(p)) {
+                is_float = true;
+                digits += 'e';
+                digits.append(src_.substr(pos + 1, p - pos - 1));
+                pos = p;
+                take_digits();
+            }
+        }
+        tokens_.push_back({is_float ? Token::Kind::floating : Token::Kind::integer, digits, line});
+        return pos;
     }
 
     size_t lex_string(size_t pos, int line) {
@@ -325,7 +344,22 @@ private:
         }
     }
 
+    // Bounds the parser's (and so the renderer's) recursion: a hostile template of deeply
+    // nested brackets or blocks fails with a message instead of overflowing the stack.
+    struct DepthGuard {
+        int& depth;
+        DepthGuard(int& d, int line) : depth(d) {
+            if (++depth > kMaxDepth)
+                syntax_error(line, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+        }
+        ~DepthGuard() { --depth; }
+        DepthGuard(const DepthGuard&) = delete;
+        DepthGuard& operator=(const DepthGuard&) = delete;
+    };
+    static constexpr int kMaxDepth = 200;
+
     Node parse_statement() {
+        const DepthGuard guard(depth_, cur().line);
         const int line = cur().line;
         const std::string kw = expect_name();
         Node n;
@@ -435,6 +469,7 @@ private:
     }
 
     ExprPtr parse_expression() {
+        const DepthGuard guard(depth_, cur().line);
         ExprPtr e = parse_or();
         if (at_name("if")) {
             auto c = make(Expr::Kind::conditional, cur().line);
@@ -559,6 +594,7 @@ private:
     }
 
     ExprPtr parse_unary(bool with_filter) {
+        const DepthGuard guard(depth_, cur().line);
         ExprPtr e;
         if (at_op("-") || at_op("+")) {
             const bool neg = at_op("-");
@@ -770,6 +806,7 @@ private:
 
     std::vector<Token> t_;
     size_t i_ = 0;
+    int depth_ = 0;
 };
 
 }  // namespace

@@ -49,6 +49,11 @@ Value Value::make_list(List l) {
     v.list = std::make_shared<List>(std::move(l));
     return v;
 }
+Value Value::make_tuple(List l) {
+    Value v = make_list(std::move(l));
+    v.is_tuple = true;
+    return v;
+}
 Value Value::make_dict(Dict d) {
     Value v;
     v.kind = Kind::dict;
@@ -62,26 +67,26 @@ Value Value::function(Function f) {
     return v;
 }
 
-Value Value::from_json(const nlohmann::json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j) {
     switch (j.type()) {
-        case nlohmann::json::value_t::null:
+        case nlohmann::ordered_json::value_t::null:
             return none();
-        case nlohmann::json::value_t::boolean:
+        case nlohmann::ordered_json::value_t::boolean:
             return boolean(j.get<bool>());
-        case nlohmann::json::value_t::number_integer:
+        case nlohmann::ordered_json::value_t::number_integer:
             return integer(j.get<int64_t>());
-        case nlohmann::json::value_t::number_unsigned:
+        case nlohmann::ordered_json::value_t::number_unsigned:
             return integer(static_cast<int64_t>(j.get<uint64_t>()));
-        case nlohmann::json::value_t::number_float:
+        case nlohmann::ordered_json::value_t::number_float:
             return floating(j.get<double>());
-        case nlohmann::json::value_t::string:
+        case nlohmann::ordered_json::value_t::string:
             return string(j.get<std::string>());
-        case nlohmann::json::value_t::array: {
+        case nlohmann::ordered_json::value_t::array: {
             List l;
             for (const auto& e : j) l.push_back(from_json(e));
             return make_list(std::move(l));
         }
-        case nlohmann::json::value_t::object: {
+        case nlohmann::ordered_json::value_t::object: {
             Dict d;
             for (const auto& [k, e] : j.items()) d.emplace_back(k, from_json(e));
             return make_dict(std::move(d));
@@ -303,12 +308,13 @@ std::string to_repr(const Value& v) {
         case Value::Kind::string:
             return string_repr(v.s);
         case Value::Kind::list: {
-            std::string out = "[";
+            std::string out = v.is_tuple ? "(" : "[";
             for (size_t k = 0; k < v.list->size(); ++k) {
                 if (k) out += ", ";
                 out += to_repr((*v.list)[k]);
             }
-            return out + "]";
+            if (v.is_tuple && v.list->size() == 1) out += ",";
+            return out + (v.is_tuple ? ")" : "]");
         }
         case Value::Kind::dict: {
             std::string out = v.is_namespace ? "<Namespace {" : "{";

@@ -30,6 +30,7 @@ struct Value {
     std::shared_ptr<Dict> dict;
     std::shared_ptr<Function> fn;
     bool is_namespace = false;  // a dict created by namespace(): `set ns.x = ...` allowed
+    bool is_tuple = false;      // a list that prints as a Python tuple: (1, 2)
 
     static Value undefined(std::string name = {});
     static Value none();
@@ -38,9 +39,11 @@ struct Value {
     static Value floating(double v);
     static Value string(std::string v);
     static Value make_list(List v = {});
+    static Value make_tuple(List v);
     static Value make_dict(Dict v = {});
     static Value function(Function f);
-    static Value from_json(const nlohmann::json& j);
+    // JSON objects keep their key order (ordered_json), as Python dicts do.
+    static Value from_json(const nlohmann::ordered_json& j);
 
     bool is_undefined() const { return kind == Kind::undefined; }
     bool is_none() const { return kind == Kind::none; }

@@ -127,14 +127,16 @@ struct Tokenizer::Impl {
     }
 
     // HF AddedVocabulary::find_matches + split_with_indices over `text` (a span of `full`).
+    // With `skip_special`, special tokens are left in the text (HF's split_special_tokens).
     void split_added(const AddedTokenMatcher& matcher, std::string_view full, ByteSpan text,
-                     std::vector<Segment>& out) const {
+                     bool skip_special, std::vector<Segment>& out) const {
         const std::string_view s = full.substr(text.begin, text.end - text.begin);
         size_t search = 0, start_offset = 0;
         ByteSpan m;
         while (const AddedToken* t = matcher.find(s, search, m)) {
             search = m.end;
             if (m.begin < start_offset) continue;  // inside what a previous rstrip consumed
+            if (skip_special && t->special) continue;
             if (t->single_word) {
                 const bool space_before = m.begin == 0 || !ends_with_word(s.substr(0, m.begin));
                 const bool space_after = m.end == s.size() || !starts_with_word(s.substr(m.end));
@@ -268,18 +270,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
     if (add_special && data_.add_bos && data_.bos_id) ids.push_back(*data_.bos_id);
 
     im.segments.clear();
-    if (parse_special && !im.added_raw.empty()) {
-        im.split_added(im.added_raw, text, {0, text.size()}, im.segments);
+    if (!im.added_raw.empty()) {
+        im.split_added(im.added_raw, text, {0, text.size()}, !parse_special, im.segments);
     } else if (!text.empty()) {
         im.segments.push_back({{0, text.size()}, -1});
     }
-    if (parse_special && !im.added_normalized.empty()) {
+    if (!im.added_normalized.empty()) {
         im.refined.clear();
         for (const Segment& s : im.segments) {
             if (s.token >= 0) {
                 im.refined.push_back(s);
             } else {
-                im.split_added(im.added_normalized, text, s.span, im.refined);
+                im.split_added(im.added_normalized, text, s.span, !parse_special, im.refined);
             }
         }
         im.segments.swap(im.refined);
@@ -297,16 +299,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
-    if (id < 0 || id >= n_vocab()) {
-        throw TokenizerError("tokenizer: token id " + std::to_string(id) +
-                             " is outside the vocabulary of " + std::to_string(n_vocab()));
-    }
-    return impl_->token_bytes[id];
+    static const std::string kNone;
+    return id >= 0 && id < n_vocab() ? impl_->token_bytes[id] : kNone;
 }
 
 const std::string& Tokenizer::token_text(int32_t id) const {
-    token_bytes(id);  // range check
-    return data_.vocab[id];
+    static const std::string kNone;
+    return id >= 0 && id < n_vocab() ? data_.vocab[id] : kNone;
 }
 
 bool Tokenizer::is_special(int32_t id) const {

@@ -41,19 +41,21 @@ public:
     Tokenizer& operator=(const Tokenizer&) = delete;
 
     // `add_special`: prepend BOS / append EOS as the tokenizer_config asks (add_bos_token,
-    // add_eos_token). `parse_special`: match added tokens in the text (HF's default); when false
-    // they are encoded as plain text. Throws TokenizerError for text that is not valid UTF-8.
+    // add_eos_token). `parse_special`: match special tokens in the text (HF's default); when
+    // false their text is encoded as plain text (HF's split_special_tokens; non-special added
+    // tokens are still matched). Throws TokenizerError for text that is not valid UTF-8.
     // Safe to call from several threads (calls are serialised).
     std::vector<int32_t> encode(std::string_view text, bool add_special = true,
                                 bool parse_special = true) const;
 
-    // Text of `ids`; ids of special tokens are left out with `skip_special`. Throws
-    // TokenizerError for an id outside the vocabulary.
+    // Text of `ids`; ids of special tokens are left out with `skip_special`. Ids outside the
+    // vocabulary decode to nothing, as in HF (a model's embedding table is often larger than
+    // its tokenizer: DeepSeek-V2 has 102400 rows for 100015 tokens).
     std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
-    // Raw bytes of one token (may be part of a UTF-8 character).
+    // Raw bytes of one token (may be part of a UTF-8 character); "" outside the vocabulary.
     const std::string& token_bytes(int32_t id) const;
     // The token string as stored in the vocabulary (byte-level characters, or an added token's
-    // content).
+    // content); "" outside the vocabulary.
     const std::string& token_text(int32_t id) const;
     // Id of an added token or vocabulary entry with exactly this text.
     std::optional<int32_t> find_token(std::string_view text) const;
