@@ -12,22 +12,32 @@ namespace mgl {
 
 size_t dtype_size(dtype t) {
     switch (t) {
-        case dtype::f32: return 4;
-        case dtype::f16: return 2;
-        case dtype::bf16: return 2;
-        case dtype::f8_e4m3: return 1;
-        case dtype::i32: return 4;
+        case dtype::f32:
+            return 4;
+        case dtype::f16:
+            return 2;
+        case dtype::bf16:
+            return 2;
+        case dtype::f8_e4m3:
+            return 1;
+        case dtype::i32:
+            return 4;
     }
     fail(__FILE__, __LINE__, "dtype_size: unknown dtype " + std::to_string(int(t)));
 }
 
 const char* dtype_name(dtype t) {
     switch (t) {
-        case dtype::f32: return "f32";
-        case dtype::f16: return "f16";
-        case dtype::bf16: return "bf16";
-        case dtype::f8_e4m3: return "f8_e4m3";
-        case dtype::i32: return "i32";
+        case dtype::f32:
+            return "f32";
+        case dtype::f16:
+            return "f16";
+        case dtype::bf16:
+            return "bf16";
+        case dtype::f8_e4m3:
+            return "f8_e4m3";
+        case dtype::i32:
+            return "i32";
     }
     return "unknown";
 }
@@ -140,7 +150,9 @@ float e4m3_to_f32(uint8_t v) { return e4m3_table[v]; }
 
 void to_f32(dtype src_type, const void* src, float* dst, size_t n) {
     switch (src_type) {
-        case dtype::f32: std::memcpy(dst, src, n * sizeof(float)); return;
+        case dtype::f32:
+            std::memcpy(dst, src, n * sizeof(float));
+            return;
         case dtype::f16: {
             auto s = static_cast<const uint16_t*>(src);
             for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);

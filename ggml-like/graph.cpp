@@ -11,9 +11,12 @@ namespace mgl {
 tensor* alias_source(const tensor& t) {
     switch (t.op_kind) {
         case op::view:
-        case op::kv_store: return t.src[0];
-        case op::cpy: return t.src[1];
-        default: return nullptr;
+        case op::kv_store:
+            return t.src[0];
+        case op::cpy:
+            return t.src[1];
+        default:
+            return nullptr;
     }
 }
 
@@ -112,12 +115,14 @@ graph build_graph(context&, std::span<tensor* const> outputs) {
 }
 
 alloc_plan plan_allocation(const graph& g, size_t alignment) {
-    MGL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "plan_allocation: alignment must be a power of two");
+    MGL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
+              "plan_allocation: alignment must be a power of two");
     std::unordered_map<const tensor*, size_t> step;  // node -> execution index
     for (size_t i = 0; i < g.nodes.size(); ++i) step[g.nodes[i]] = i;
 
     // A storage (the root of an alias chain) lives until the last node that reads it, directly or
-    // through a view; an alias node itself also counts as a use, so views extend their source's life.
+    // through a view; an alias node itself also counts as a use, so views extend their source's
+    // life.
     std::unordered_map<const tensor*, size_t> last_use;
     auto use = [&](tensor* t, size_t i) {
         tensor* root = storage_root(t);
@@ -138,7 +143,8 @@ alloc_plan plan_allocation(const graph& g, size_t alignment) {
         if (!kept.count(root) && step.count(root)) dies_after[i].push_back(root);
     }
     for (auto& v : dies_after) {  // deterministic plans: release in execution order
-        std::sort(v.begin(), v.end(), [&](const tensor* a, const tensor* b) { return step[a] < step[b]; });
+        std::sort(v.begin(), v.end(),
+                  [&](const tensor* a, const tensor* b) { return step[a] < step[b]; });
     }
 
     alloc_plan plan;
@@ -161,8 +167,9 @@ alloc_plan plan_allocation(const graph& g, size_t alignment) {
 }
 
 void apply_plan(graph& g, const alloc_plan& plan, buffer& arena) {
-    MGL_CHECK(plan.arena_bytes <= arena.size(), "apply_plan: arena of " + std::to_string(arena.size()) +
-                                                    " bytes for a plan of " + std::to_string(plan.arena_bytes));
+    MGL_CHECK(plan.arena_bytes <= arena.size(),
+              "apply_plan: arena of " + std::to_string(arena.size()) + " bytes for a plan of " +
+                  std::to_string(plan.arena_bytes));
     for (auto [t, offset] : plan.offsets) {
         t->data = static_cast<char*>(arena.base()) + offset;
         t->buf = &arena;
@@ -176,8 +183,9 @@ void apply_plan(graph& g, const alloc_plan& plan, buffer& arena) {
         n->buf = s->buf;
     }
     for (tensor* leaf : g.leafs) {
-        MGL_CHECK(leaf->data != nullptr, "leaf tensor '" + leaf->name + "' " + shape_str(*leaf) +
-                                             " has no data: bind or point it at memory before allocate()");
+        MGL_CHECK(leaf->data != nullptr,
+                  "leaf tensor '" + leaf->name + "' " + shape_str(*leaf) +
+                      " has no data: bind or point it at memory before allocate()");
     }
 }
 

@@ -80,19 +80,22 @@ tensor* matmul(context& c, tensor* x, tensor* w, tensor* w_scale) {
               "matmul: inner dims differ: x " + describe(*x) + " · wᵀ " + describe(*w));
     if (w->n_dims == 3) {
         MGL_CHECK(x->n_dims >= 3 && x->shape[size_t(x->n_dims - 3)] == w->shape[0],
-                  "matmul: batched w " + describe(*w) + " needs x dim -3 equal to its batch, found " +
-                      describe(*x));
+                  "matmul: batched w " + describe(*w) +
+                      " needs x dim -3 equal to its batch, found " + describe(*x));
     }
     if (w_scale) {
         check_f32(w_scale, "matmul", "w_scale");
-        MGL_CHECK(w->type == dtype::f8_e4m3, "matmul: w_scale given for a non-f8 weight " + describe(*w));
+        MGL_CHECK(w->type == dtype::f8_e4m3,
+                  "matmul: w_scale given for a non-f8 weight " + describe(*w));
         int64_t rows = w->n_dims == 3 ? w->shape[0] * N : N;
         MGL_CHECK(w_scale->nelements() == rows && w_scale->is_contiguous(),
-                  "matmul: w_scale " + describe(*w_scale) + " must hold one f32 per row of " + describe(*w));
+                  "matmul: w_scale " + describe(*w_scale) + " must hold one f32 per row of " +
+                      describe(*w));
     }
     std::array<int64_t, max_dims> shape = x->shape;
     shape[size_t(x->n_dims - 1)] = N;
-    tensor* t = c.new_node(op::matmul, dtype::f32, std::span<const int64_t>(shape.data(), size_t(x->n_dims)));
+    tensor* t = c.new_node(op::matmul, dtype::f32,
+                           std::span<const int64_t>(shape.data(), size_t(x->n_dims)));
     t->src = {x, w, w_scale};
     return t;
 }
@@ -114,7 +117,8 @@ tensor* rms_norm(context& c, tensor* x, tensor* w, float eps) {
     if (w) {
         MGL_CHECK((w->type == dtype::f32 || w->type == dtype::bf16) && w->n_dims == 1 &&
                       w->shape[0] == x->shape[size_t(x->n_dims - 1)],
-                  "rms_norm: weight " + describe(*w) + " must be an f32/bf16 vector matching x " + describe(*x));
+                  "rms_norm: weight " + describe(*w) + " must be an f32/bf16 vector matching x " +
+                      describe(*x));
     }
     tensor* t = c.new_node(op::rms_norm, dtype::f32, dims_of(*x));
     t->src = {x, w};
@@ -126,12 +130,14 @@ tensor* rope(context& c, tensor* x, tensor* positions, std::shared_ptr<const rop
     check_f32(x, "rope", "x");
     check_i32_vector(positions, "rope", "positions");
     MGL_CHECK(p != nullptr, "rope: null parameters");
-    MGL_CHECK(x->n_dims == 2 || x->n_dims == 3, "rope: x must be [T, d] or [T, H, d], found " + describe(*x));
-    MGL_CHECK(x->shape[size_t(x->n_dims - 1)] == p->n_dims && p->n_dims % 2 == 0 &&
-                  p->inv_freq.size() == size_t(p->n_dims / 2),
-              "rope: x " + describe(*x) + " does not match rope n_dims " + std::to_string(p->n_dims));
-    MGL_CHECK(positions->shape[0] == x->shape[0], "rope: " + describe(*positions) +
-                                                      " positions for " + describe(*x));
+    MGL_CHECK(x->n_dims == 2 || x->n_dims == 3,
+              "rope: x must be [T, d] or [T, H, d], found " + describe(*x));
+    MGL_CHECK(
+        x->shape[size_t(x->n_dims - 1)] == p->n_dims && p->n_dims % 2 == 0 &&
+            p->inv_freq.size() == size_t(p->n_dims / 2),
+        "rope: x " + describe(*x) + " does not match rope n_dims " + std::to_string(p->n_dims));
+    MGL_CHECK(positions->shape[0] == x->shape[0],
+              "rope: " + describe(*positions) + " positions for " + describe(*x));
     tensor* t = c.new_node(op::rope, dtype::f32, dims_of(*x));
     t->src = {x, positions};
     t->rope = std::move(p);
@@ -140,7 +146,8 @@ tensor* rope(context& c, tensor* x, tensor* positions, std::shared_ptr<const rop
 
 tensor* softmax(context& c, tensor* x, float scale, bool causal, int n_past) {
     check_f32(x, "softmax", "x");
-    MGL_CHECK(!causal || x->n_dims >= 2, "softmax: causal needs x [..., Tq, Tk], found " + describe(*x));
+    MGL_CHECK(!causal || x->n_dims >= 2,
+              "softmax: causal needs x [..., Tq, Tk], found " + describe(*x));
     MGL_CHECK(n_past >= 0, "softmax: negative n_past");
     tensor* t = c.new_node(op::softmax, dtype::f32, dims_of(*x));
     t->src[0] = x;
@@ -164,12 +171,14 @@ tensor* moe_topk(context& c, tensor* probs, const moe_route_params& p) {
     check_f32(probs, "moe_topk", "probs");
     MGL_CHECK(probs->n_dims == 2, "moe_topk: probs must be [T, E], found " + describe(*probs));
     int64_t E = probs->shape[1];
-    MGL_CHECK(p.k >= 1 && p.k <= E, "moe_topk: k = " + std::to_string(p.k) + " for " + std::to_string(E) + " experts");
+    MGL_CHECK(p.k >= 1 && p.k <= E,
+              "moe_topk: k = " + std::to_string(p.k) + " for " + std::to_string(E) + " experts");
     if (p.method == topk_method::group_limited_greedy) {
-        MGL_CHECK(p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 && p.topk_group <= p.n_group &&
-                      p.k <= p.topk_group * (E / p.n_group),
-                  "moe_topk: " + std::to_string(E) + " experts cannot be split into " + std::to_string(p.n_group) +
-                      " groups keeping " + std::to_string(p.topk_group) + " for k = " + std::to_string(p.k));
+        MGL_CHECK(p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 &&
+                      p.topk_group <= p.n_group && p.k <= p.topk_group * (E / p.n_group),
+                  "moe_topk: " + std::to_string(E) + " experts cannot be split into " +
+                      std::to_string(p.n_group) + " groups keeping " +
+                      std::to_string(p.topk_group) + " for k = " + std::to_string(p.k));
     }
     int64_t shape[2] = {probs->shape[0], p.k};
     tensor* t = c.new_node(op::moe_topk, dtype::i32, shape);
@@ -181,8 +190,9 @@ tensor* moe_topk(context& c, tensor* probs, const moe_route_params& p) {
 tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_params& p) {
     check_f32(probs, "moe_weights", "probs");
     MGL_CHECK(probs->n_dims == 2, "moe_weights: probs must be [T, E], found " + describe(*probs));
-    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->shape[0] == probs->shape[0],
-              "moe_weights: ids must be i32 [T, k] matching probs " + describe(*probs));
+    MGL_CHECK(
+        ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->shape[0] == probs->shape[0],
+        "moe_weights: ids must be i32 [T, k] matching probs " + describe(*probs));
     int64_t shape[2] = {ids->shape[0], ids->shape[1]};
     tensor* t = c.new_node(op::moe_weights, dtype::f32, shape);
     t->src = {probs, ids};
@@ -192,17 +202,20 @@ tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_para
     return t;
 }
 
-tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, std::shared_ptr<const expert_set> experts) {
+tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w,
+                    std::shared_ptr<const expert_set> experts) {
     check_f32(x, "moe_experts", "x");
     check_f32(w, "moe_experts", "w");
     MGL_CHECK(experts != nullptr, "moe_experts: null expert set");
-    MGL_CHECK(is_weight_type(experts->type), "moe_experts: expert dtype must be f32, bf16 or f8_e4m3");
-    MGL_CHECK(x->n_dims == 2 && x->shape[1] == experts->n_embd,
-              "moe_experts: x " + describe(*x) + " must be [T, " + std::to_string(experts->n_embd) + "]");
+    MGL_CHECK(is_weight_type(experts->type),
+              "moe_experts: expert dtype must be f32, bf16 or f8_e4m3");
+    MGL_CHECK(
+        x->n_dims == 2 && x->shape[1] == experts->n_embd,
+        "moe_experts: x " + describe(*x) + " must be [T, " + std::to_string(experts->n_embd) + "]");
     MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->shape[0] == x->shape[0],
               "moe_experts: ids must be i32 [T, k] matching x " + describe(*x));
-    MGL_CHECK(w->n_dims == 2 && w->shape == ids->shape, "moe_experts: weights " + describe(*w) +
-                                                            " must match ids " + describe(*ids));
+    MGL_CHECK(w->n_dims == 2 && w->shape == ids->shape,
+              "moe_experts: weights " + describe(*w) + " must match ids " + describe(*ids));
     tensor* t = c.new_node(op::moe_experts, dtype::f32, dims_of(*x));
     t->src = {x, ids, w};
     t->experts = std::move(experts);
@@ -212,21 +225,23 @@ tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, std::shared_p
 namespace {
 
 void check_pages(const tensor* pages, const tensor* page_table, const char* op) {
-    MGL_CHECK(pages && pages->n_dims == 3 && (pages->type == dtype::f32 || pages->type == dtype::bf16),
-              std::string(op) + ": pages must be f32/bf16 [n_pages, page_size, r + rope]");
+    MGL_CHECK(
+        pages && pages->n_dims == 3 && (pages->type == dtype::f32 || pages->type == dtype::bf16),
+        std::string(op) + ": pages must be f32/bf16 [n_pages, page_size, r + rope]");
     check_i32_vector(page_table, op, "page_table");
 }
 
 }  // namespace
 
-tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe, int n_past) {
+tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
+                 int n_past) {
     check_pages(pages, page_table, "kv_store");
     check_f32(kv_c, "kv_store", "kv_c");
     check_f32(k_pe, "kv_store", "k_pe");
     MGL_CHECK(kv_c->n_dims == 2 && k_pe->n_dims == 2 && kv_c->shape[0] == k_pe->shape[0] &&
                   kv_c->shape[1] + k_pe->shape[1] == pages->shape[2],
-              "kv_store: kv_c " + describe(*kv_c) + " and k_pe " + describe(*k_pe) + " do not fill rows of " +
-                  describe(*pages));
+              "kv_store: kv_c " + describe(*kv_c) + " and k_pe " + describe(*k_pe) +
+                  " do not fill rows of " + describe(*pages));
     MGL_CHECK(n_past >= 0 && n_past + kv_c->shape[0] <= page_table->shape[0] * pages->shape[1],
               "kv_store: positions up to " + std::to_string(n_past + kv_c->shape[0]) +
                   " exceed the page table's capacity");
@@ -237,16 +252,16 @@ tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, te
     return t;
 }
 
-tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor* page_table, int n_past,
-                 float scale) {
+tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor* page_table,
+                 int n_past, float scale) {
     check_pages(pages, page_table, "mla_attn");
     check_f32(q_lat, "mla_attn", "q_lat");
     check_f32(q_pe, "mla_attn", "q_pe");
     MGL_CHECK(q_lat->n_dims == 3 && q_pe->n_dims == 3 && q_lat->shape[0] == q_pe->shape[0] &&
                   q_lat->shape[1] == q_pe->shape[1] &&
                   q_lat->shape[2] + q_pe->shape[2] == pages->shape[2],
-              "mla_attn: q_lat " + describe(*q_lat) + " and q_pe " + describe(*q_pe) + " do not match rows of " +
-                  describe(*pages));
+              "mla_attn: q_lat " + describe(*q_lat) + " and q_pe " + describe(*q_pe) +
+                  " do not match rows of " + describe(*pages));
     MGL_CHECK(n_past >= 0 && n_past + q_lat->shape[0] <= page_table->shape[0] * pages->shape[1],
               "mla_attn: positions up to " + std::to_string(n_past + q_lat->shape[0]) +
                   " exceed the page table's capacity");
@@ -261,7 +276,8 @@ tensor* cpy(context& c, tensor* src, tensor* dst) {
     MGL_CHECK(src && dst && src->type != dtype::i32, "cpy: src must be a float tensor");
     MGL_CHECK(dst->type == dtype::f32 || dst->type == dtype::bf16 || dst->type == dtype::f16,
               "cpy: dst must be f32, bf16 or f16, found " + describe(*dst));
-    MGL_CHECK(src->nelements() == dst->nelements() && src->n_dims == dst->n_dims && src->shape == dst->shape,
+    MGL_CHECK(src->nelements() == dst->nelements() && src->n_dims == dst->n_dims &&
+                  src->shape == dst->shape,
               "cpy: shapes differ: " + describe(*src) + " into " + describe(*dst));
     tensor* t = c.new_node(op::cpy, dst->type, dims_of(*dst));
     t->stride = dst->stride;
@@ -277,16 +293,20 @@ tensor* contiguous(context& c, tensor* a) {
 }
 
 tensor* concat(context& c, tensor* a, tensor* b, int dim) {
-    MGL_CHECK(a && b && a->type != dtype::i32 && b->type != dtype::i32, "concat: inputs must be float tensors");
-    MGL_CHECK(a->n_dims == b->n_dims && dim >= 0 && dim < a->n_dims,
-              "concat: " + describe(*a) + " and " + describe(*b) + " along dim " + std::to_string(dim));
+    MGL_CHECK(a && b && a->type != dtype::i32 && b->type != dtype::i32,
+              "concat: inputs must be float tensors");
+    MGL_CHECK(
+        a->n_dims == b->n_dims && dim >= 0 && dim < a->n_dims,
+        "concat: " + describe(*a) + " and " + describe(*b) + " along dim " + std::to_string(dim));
     std::array<int64_t, max_dims> shape = a->shape;
     for (int i = 0; i < a->n_dims; ++i) {
         MGL_CHECK(i == dim || a->shape[size_t(i)] == b->shape[size_t(i)],
-                  "concat: " + describe(*a) + " and " + describe(*b) + " differ outside dim " + std::to_string(dim));
+                  "concat: " + describe(*a) + " and " + describe(*b) + " differ outside dim " +
+                      std::to_string(dim));
     }
     shape[size_t(dim)] += b->shape[size_t(dim)];
-    tensor* t = c.new_node(op::concat, dtype::f32, std::span<const int64_t>(shape.data(), size_t(a->n_dims)));
+    tensor* t = c.new_node(op::concat, dtype::f32,
+                           std::span<const int64_t>(shape.data(), size_t(a->n_dims)));
     t->src = {a, b};
     t->iparams[0] = dim;
     return t;
@@ -298,7 +318,8 @@ rope_params rope_params_plain(int n_dims, float base) {
     MGL_CHECK(n_dims > 0 && n_dims % 2 == 0, "rope: n_dims must be even and positive");
     rope_params p;
     p.n_dims = n_dims;
-    for (int i = 0; i < n_dims / 2; ++i) p.inv_freq.push_back(float(std::pow(double(base), -2.0 * i / n_dims)));
+    for (int i = 0; i < n_dims / 2; ++i)
+        p.inv_freq.push_back(float(std::pow(double(base), -2.0 * i / n_dims)));
     return p;
 }
 
@@ -307,13 +328,14 @@ float yarn_mscale(float scale, float m) {
     return float(0.1 * double(m) * std::log(double(scale)) + 1.0);
 }
 
-rope_params rope_params_yarn(int n_dims, float base, float factor, int original_max_pos, float beta_fast,
-                             float beta_slow, float mscale, float mscale_all_dim) {
+rope_params rope_params_yarn(int n_dims, float base, float factor, int original_max_pos,
+                             float beta_fast, float beta_slow, float mscale, float mscale_all_dim) {
     MGL_CHECK(n_dims > 0 && n_dims % 2 == 0, "rope: n_dims must be even and positive");
     const double d = n_dims, ln_base = std::log(double(base));
     // DeepSeek's yarn_find_correction_dim: the dim whose wavelength fits n rotations in orig_max.
     auto corr = [&](double n_rot) {
-        return d * std::log(double(original_max_pos) / (2.0 * std::numbers::pi * n_rot)) / (2.0 * ln_base);
+        return d * std::log(double(original_max_pos) / (2.0 * std::numbers::pi * n_rot)) /
+               (2.0 * ln_base);
     };
     double low = std::max(std::floor(corr(beta_fast)), 0.0);
     double high = std::min(std::ceil(corr(beta_slow)), d - 1.0);
@@ -326,7 +348,8 @@ rope_params rope_params_yarn(int n_dims, float base, float factor, int original_
         double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
         p.inv_freq.push_back(float(f_inter * ramp + f_extra * (1.0 - ramp)));
     }
-    p.attn_factor = float(double(yarn_mscale(factor, mscale)) / double(yarn_mscale(factor, mscale_all_dim)));
+    p.attn_factor =
+        float(double(yarn_mscale(factor, mscale)) / double(yarn_mscale(factor, mscale_all_dim)));
     return p;
 }
 

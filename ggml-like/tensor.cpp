@@ -16,8 +16,8 @@ void set_contiguous_strides(tensor& t) {
 }
 
 void set_shape(tensor& t, std::span<const int64_t> shape) {
-    MGL_CHECK(shape.size() <= size_t(max_dims),
-              "tensor rank " + std::to_string(shape.size()) + " exceeds " + std::to_string(max_dims));
+    MGL_CHECK(shape.size() <= size_t(max_dims), "tensor rank " + std::to_string(shape.size()) +
+                                                    " exceeds " + std::to_string(max_dims));
     t.n_dims = int(shape.size());
     t.shape.fill(1);
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -30,7 +30,8 @@ void set_shape(tensor& t, std::span<const int64_t> shape) {
 size_t extent_bytes(const tensor& t) {
     if (t.nelements() == 0) return 0;
     size_t end = dtype_size(t.type);
-    for (int i = 0; i < t.n_dims; ++i) end += size_t(t.shape[size_t(i)] - 1) * size_t(t.stride[size_t(i)]);
+    for (int i = 0; i < t.n_dims; ++i)
+        end += size_t(t.shape[size_t(i)] - 1) * size_t(t.stride[size_t(i)]);
     return end;
 }
 
@@ -64,26 +65,46 @@ std::string shape_str(const tensor& t) {
 
 const char* op_name(op o) {
     switch (o) {
-        case op::none: return "none";
-        case op::view: return "view";
-        case op::get_rows: return "get_rows";
-        case op::matmul: return "matmul";
-        case op::add: return "add";
-        case op::mul: return "mul";
-        case op::scale: return "scale";
-        case op::rms_norm: return "rms_norm";
-        case op::rope: return "rope";
-        case op::softmax: return "softmax";
-        case op::swiglu: return "swiglu";
-        case op::moe_topk: return "moe_topk";
-        case op::moe_weights: return "moe_weights";
-        case op::moe_experts: return "moe_experts";
-        case op::kv_store: return "kv_store";
-        case op::mla_attn: return "mla_attn";
-        case op::cpy: return "cpy";
-        case op::contiguous: return "contiguous";
-        case op::concat: return "concat";
-        case op::count: break;
+        case op::none:
+            return "none";
+        case op::view:
+            return "view";
+        case op::get_rows:
+            return "get_rows";
+        case op::matmul:
+            return "matmul";
+        case op::add:
+            return "add";
+        case op::mul:
+            return "mul";
+        case op::scale:
+            return "scale";
+        case op::rms_norm:
+            return "rms_norm";
+        case op::rope:
+            return "rope";
+        case op::softmax:
+            return "softmax";
+        case op::swiglu:
+            return "swiglu";
+        case op::moe_topk:
+            return "moe_topk";
+        case op::moe_weights:
+            return "moe_weights";
+        case op::moe_experts:
+            return "moe_experts";
+        case op::kv_store:
+            return "kv_store";
+        case op::mla_attn:
+            return "mla_attn";
+        case op::cpy:
+            return "cpy";
+        case op::contiguous:
+            return "contiguous";
+        case op::concat:
+            return "concat";
+        case op::count:
+            break;
     }
     return "unknown";
 }
@@ -108,9 +129,10 @@ tensor* context::new_node(op o, dtype type, std::span<const int64_t> shape) {
 }
 
 void bind(tensor& t, buffer& buf, size_t offset) {
-    MGL_CHECK(offset + nbytes(t) <= buf.size(),
-              "bind: tensor '" + t.name + "' " + shape_str(t) + " at offset " + std::to_string(offset) +
-                  " does not fit a buffer of " + std::to_string(buf.size()) + " bytes");
+    MGL_CHECK(offset + nbytes(t) <= buf.size(), "bind: tensor '" + t.name + "' " + shape_str(t) +
+                                                    " at offset " + std::to_string(offset) +
+                                                    " does not fit a buffer of " +
+                                                    std::to_string(buf.size()) + " bytes");
     t.data = static_cast<char*>(buf.base()) + offset;
     t.buf = &buf;
 }
@@ -135,9 +157,11 @@ tensor* view(context& c, tensor* a, std::span<const int64_t> shape, std::span<co
 }
 
 tensor* reshape(context& c, tensor* a, std::initializer_list<int64_t> shape) {
-    MGL_CHECK(a->is_contiguous(), "reshape of the non-contiguous tensor '" + a->name + "' " + shape_str(*a));
+    MGL_CHECK(a->is_contiguous(),
+              "reshape of the non-contiguous tensor '" + a->name + "' " + shape_str(*a));
     int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<>());
-    MGL_CHECK(n == a->nelements(), "reshape of " + shape_str(*a) + " to " + std::to_string(n) + " elements");
+    MGL_CHECK(n == a->nelements(),
+              "reshape of " + shape_str(*a) + " to " + std::to_string(n) + " elements");
     tensor probe;
     probe.type = a->type;
     set_shape(probe, std::span<const int64_t>(shape.begin(), shape.size()));
@@ -148,12 +172,14 @@ tensor* reshape(context& c, tensor* a, std::initializer_list<int64_t> shape) {
 
 tensor* permute(context& c, tensor* a, std::initializer_list<int> axes) {
     MGL_CHECK(int(axes.size()) == a->n_dims, "permute: " + std::to_string(axes.size()) +
-                                                 " axes for a tensor of rank " + std::to_string(a->n_dims));
+                                                 " axes for a tensor of rank " +
+                                                 std::to_string(a->n_dims));
     std::array<int64_t, max_dims> shape{}, stride{};
     std::array<bool, max_dims> used{};
     size_t i = 0;
     for (int ax : axes) {
-        MGL_CHECK(ax >= 0 && ax < a->n_dims && !used[size_t(ax)], "permute: bad axis " + std::to_string(ax));
+        MGL_CHECK(ax >= 0 && ax < a->n_dims && !used[size_t(ax)],
+                  "permute: bad axis " + std::to_string(ax));
         used[size_t(ax)] = true;
         shape[i] = a->shape[size_t(ax)];
         stride[i] = a->stride[size_t(ax)];
@@ -165,8 +191,8 @@ tensor* permute(context& c, tensor* a, std::initializer_list<int> axes) {
 
 tensor* transpose(context& c, tensor* a, int dim0, int dim1) {
     MGL_CHECK(dim0 >= 0 && dim0 < a->n_dims && dim1 >= 0 && dim1 < a->n_dims,
-              "transpose: dims " + std::to_string(dim0) + ", " + std::to_string(dim1) + " of a rank " +
-                  std::to_string(a->n_dims) + " tensor");
+              "transpose: dims " + std::to_string(dim0) + ", " + std::to_string(dim1) +
+                  " of a rank " + std::to_string(a->n_dims) + " tensor");
     std::array<int64_t, max_dims> shape = a->shape, stride = a->stride;
     std::swap(shape[size_t(dim0)], shape[size_t(dim1)]);
     std::swap(stride[size_t(dim0)], stride[size_t(dim1)]);
@@ -175,7 +201,8 @@ tensor* transpose(context& c, tensor* a, int dim0, int dim1) {
 }
 
 tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len) {
-    MGL_CHECK(dim >= 0 && dim < a->n_dims, "slice: dim " + std::to_string(dim) + " of " + shape_str(*a));
+    MGL_CHECK(dim >= 0 && dim < a->n_dims,
+              "slice: dim " + std::to_string(dim) + " of " + shape_str(*a));
     MGL_CHECK(start >= 0 && len >= 0 && start + len <= a->shape[size_t(dim)],
               "slice [" + std::to_string(start) + ", " + std::to_string(start + len) + ") of dim " +
                   std::to_string(dim) + " of " + shape_str(*a));

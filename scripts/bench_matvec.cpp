@@ -4,11 +4,13 @@
 //   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB]
 //
 // Bandwidth: a read-only sum over a buffer far larger than the last-level cache, on the same
-// number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles through enough copies of the weight matrix that
-// every call streams it from memory, not from cache. Reported: median time of the repeats after
-// warm-up, GB/s of weight bytes (1 GB = 1e9 B), and that rate as a fraction of the bandwidth;
-// the best (fastest) call against the best bandwidth slice as well, since on a shared machine
-// the medians of both move with the other jobs.
+// number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles
+// through enough copies of the weight matrix that every call streams it from memory, not from
+// cache. Reported: median time of the repeats after warm-up, GB/s of weight bytes (1 GB = 1e9 B),
+// and that rate as a fraction of the bandwidth; the best (fastest) call against the best bandwidth
+// slice, and rates per CPU time (process CPU time / threads, which leaves out time spent
+// preempted), since on a shared machine wall-clock medians move with the other jobs.
+#include <time.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +38,14 @@ double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+// CPU time of the whole process (all threads). Threads blocked or preempted do not accumulate
+// it, so (CPU time / threads) is the time the work took while it actually ran.
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     size_t n = v.size();
@@ -56,7 +66,8 @@ std::string cpu_model() {
 
 size_t last_level_cache_bytes() {
     for (int index = 4; index >= 0; --index) {
-        std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+        std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) +
+                         "/size");
         std::string s;
         if (in >> s && !s.empty()) {
             size_t v = std::stoull(s);
@@ -104,29 +115,41 @@ uint64_t sum_bytes(const uint8_t* p, size_t n) {
 // machine shared with other jobs, a short burst like one matvec is rarely preempted, while a long
 // pass nearly always is, so bursts of matching length keep the comparison fair.
 struct rate {
-    double median_gbs = 0, best_gbs = 0;
+    double median_gbs = 0, best_gbs = 0, cpu_gbs = 0;  // cpu: bytes per (CPU time / threads)
 };
 
-rate measure_bandwidth(thread_pool_ref pool, int n_threads, size_t bytes, size_t slice, uint64_t& checksum) {
+rate rates(double bytes, const std::vector<double>& wall,
+           const std::vector<double>& cpu_per_thread) {
+    return {bytes / median(wall) / 1e9, bytes / *std::min_element(wall.begin(), wall.end()) / 1e9,
+            bytes / median(cpu_per_thread) / 1e9};
+}
+
+rate measure_bandwidth(thread_pool_ref pool, int n_threads, size_t bytes, size_t slice,
+                       uint64_t& checksum) {
     std::vector<uint8_t> buf(bytes);
     for (size_t i = 0; i < bytes; i += 4096) buf[i] = uint8_t(i >> 12);  // touch every page
-    std::vector<double> times;
+    std::vector<double> times, cpu_times;
     std::vector<uint64_t> partial(size_t(n_threads), 0);
     for (int pass = 0; pass < 3; ++pass) {
         for (size_t off = 0; off + slice <= bytes; off += slice) {
+            double c0 = process_cpu_seconds();
             auto t0 = clock_type::now();
             pool.parallel_for(n_threads, [&](int64_t b, int64_t e) {
                 for (int64_t c = b; c < e; ++c) {
-                    size_t lo = slice * size_t(c) / size_t(n_threads), hi = slice * size_t(c + 1) / size_t(n_threads);
+                    size_t lo = slice * size_t(c) / size_t(n_threads),
+                           hi = slice * size_t(c + 1) / size_t(n_threads);
                     partial[size_t(c)] += sum_bytes(buf.data() + off + lo, hi - lo);
                 }
             });
-            double dt = seconds_since(t0);
-            if (pass > 0) times.push_back(dt);  // the first pass is the warm-up
+            double dt = seconds_since(t0), dc = process_cpu_seconds() - c0;
+            if (pass > 0) {  // the first pass is the warm-up
+                times.push_back(dt);
+                cpu_times.push_back(dc / n_threads);
+            }
         }
     }
     for (uint64_t p : partial) checksum += p;
-    return {double(slice) / median(times) / 1e9, double(slice) / *std::min_element(times.begin(), times.end()) / 1e9};
+    return rates(double(slice), times, cpu_times);
 }
 
 struct shape {
@@ -142,24 +165,29 @@ int main(int argc, char** argv) {
     size_t pool_mib = 0;
     app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
     app.add_option("--reps", reps, "timed calls per shape and dtype (after warm-up)");
-    app.add_option("--pool-mib", pool_mib, "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
+    app.add_option("--pool-mib", pool_mib,
+                   "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
     CLI11_PARSE(app, argc, argv);
     if (n_threads <= 0) n_threads = mgl::physical_cores();
     const size_t llc = last_level_cache_bytes();
-    const size_t pool_bytes = pool_mib ? pool_mib << 20 : std::max<size_t>(size_t(1) << 30, 3 * llc);
+    const size_t pool_bytes =
+        pool_mib ? pool_mib << 20 : std::max<size_t>(size_t(1) << 30, 3 * llc);
 
     std::printf("machine: %s, %d threads, last-level cache %zu MiB, weight pool per case %zu MiB\n",
                 cpu_model().c_str(), n_threads, llc >> 20, pool_bytes >> 20);
     uint64_t checksum = 0;
-    const size_t bw_bytes = std::max<size_t>(pool_bytes, size_t(2) << 30), bw_slice = size_t(32) << 20;
+    const size_t bw_bytes = std::max<size_t>(pool_bytes, size_t(2) << 30), bw_slice = size_t(32)
+                                                                                      << 20;
     rate bw;
     {
         mgl::cpu::thread_pool pool(n_threads);
         bw = measure_bandwidth(pool, n_threads, bw_bytes, bw_slice, checksum);
     }
-    std::printf("memory bandwidth (read-only sum over %zu MiB in %zu MiB slices, %d threads): median %.1f GB/s, "
-                "best %.1f GB/s\n\n",
-                bw_bytes >> 20, bw_slice >> 20, n_threads, bw.median_gbs, bw.best_gbs);
+    std::printf(
+        "memory bandwidth (read-only sum over %zu MiB in %zu MiB slices, %d threads): median %.1f "
+        "GB/s, "
+        "best %.1f GB/s, per CPU time %.1f GB/s\n\n",
+        bw_bytes >> 20, bw_slice >> 20, n_threads, bw.median_gbs, bw.best_gbs, bw.cpu_gbs);
 
     const shape shapes[] = {{2048, 1408, "expert down"},
                             {1408, 2048, "expert gate/up"},
@@ -167,8 +195,11 @@ int main(int argc, char** argv) {
                             {2048, 102400, ""},
                             {102400, 2048, "lm_head"}};
     auto be = mgl::make_cpu_backend(n_threads);
-    std::printf("| N x K (out x in) | dtype | weight MB | median ms | GB/s | of median bw | best GB/s | of best bw |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| N x K (out x in) | dtype | weight MB | median ms | GB/s | of bw | best GB/s | of best "
+        "bw "
+        "| GB/s per CPU time | of bw per CPU time |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     std::mt19937_64 rng(1);
     for (const shape& s : shapes) {
         for (mgl::dtype t : {mgl::dtype::f32, mgl::dtype::bf16, mgl::dtype::f8_e4m3}) {
@@ -187,7 +218,8 @@ int main(int argc, char** argv) {
                 }
                 if (t == mgl::dtype::f8_e4m3) *p = mgl::f32_to_e4m3(v * 100.0f);
             }
-            for (size_t c = 1; c < copies; ++c) std::memcpy(pool.data() + c * w_bytes, pool.data(), w_bytes);
+            for (size_t c = 1; c < copies; ++c)
+                std::memcpy(pool.data() + c * w_bytes, pool.data(), w_bytes);
             std::vector<float> x(size_t(s.K)), scale(size_t(s.N), 0.01f);
             for (auto& v : x) v = dist(rng);
 
@@ -203,24 +235,31 @@ int main(int argc, char** argv) {
                 mgl::tensor* y = mgl::matmul(ctx, xt, w, t == mgl::dtype::f8_e4m3 ? st : nullptr);
                 graphs.push_back(mgl::build_graph(ctx, {y}));
             }
-            std::vector<double> times;
+            std::vector<double> times, cpu_times;
             size_t next = 0;
             const int warmup = int(std::max<size_t>(copies, 3));
             for (int r = 0; r < warmup + reps; ++r) {
                 mgl::graph& g = graphs[next++ % graphs.size()];
                 be->allocate(g);
+                double c0 = process_cpu_seconds();
                 auto t0 = clock_type::now();
                 be->compute(g);
                 be->synchronize();
-                double dt = seconds_since(t0);
-                if (r >= warmup) times.push_back(dt);
+                double dt = seconds_since(t0), dc = process_cpu_seconds() - c0;
+                if (r >= warmup) {
+                    times.push_back(dt);
+                    cpu_times.push_back(dc / n_threads);
+                }
                 checksum += uint64_t(static_cast<const float*>(g.outputs[0]->data)[0] != 0.0f);
             }
-            double med = median(times), gbs = double(w_bytes) / med / 1e9;
-            double best = double(w_bytes) / *std::min_element(times.begin(), times.end()) / 1e9;
-            std::printf("| %lld x %lld%s%s%s | %s | %.1f | %.3f | %.1f | %.2f | %.1f | %.2f |\n", (long long)s.N,
-                        (long long)s.K, *s.note ? " (" : "", s.note, *s.note ? ")" : "", mgl::dtype_name(t),
-                        double(w_bytes) / 1e6, med * 1e3, gbs, gbs / bw.median_gbs, best, best / bw.best_gbs);
+            rate r = rates(double(w_bytes), times, cpu_times);
+            std::printf(
+                "| %lld x %lld%s%s%s | %s | %.1f | %.3f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f "
+                "|\n",
+                (long long)s.N, (long long)s.K, *s.note ? " (" : "", s.note, *s.note ? ")" : "",
+                mgl::dtype_name(t), double(w_bytes) / 1e6, median(times) * 1e3, r.median_gbs,
+                r.median_gbs / bw.median_gbs, r.best_gbs, r.best_gbs / bw.best_gbs, r.cpu_gbs,
+                r.cpu_gbs / bw.cpu_gbs);
             std::fflush(stdout);
         }
     }

@@ -1,6 +1,9 @@
 // minids: one binary, subcommands (run, chat, convert, bench, info, tokenize).
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli/commands.h"
 
@@ -16,8 +19,14 @@ int main(int argc, char** argv) {
     minids::cli::add_bench_command(app, exit_code);
     minids::cli::add_info_command(app, exit_code);
     minids::cli::add_tokenize_command(app, exit_code);
+    // llama.cpp spells chat's system prompt "-sys"; CLI11 only knows one-letter short flags.
+    std::string sys_flag = "--sys";
+    std::vector<char*> args(argv, argv + argc);
+    for (char*& a : args) {
+        if (std::string_view(a) == "-sys") a = sys_flag.data();
+    }
     try {
-        app.parse(argc, argv);
+        app.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {
         // --help / --version exit 0; a wrong flag prints one message and exits 2.
         int rc = app.exit(e);

@@ -16,8 +16,8 @@ struct MalformedCase {
     std::string name;  // short, usable as a file name
     // Edits the valid file and returns the bytes to write.
     std::function<std::vector<uint8_t>(MdsTestFile&)> make;
-    std::string expect;       // substring of the FileError message (or of a verify problem)
-    bool open_ok = false;     // true: open() succeeds and verify() must report `expect`
+    std::string expect;    // substring of the FileError message (or of a verify problem)
+    bool open_ok = false;  // true: open() succeeds and verify() must report `expect`
 };
 
 std::vector<MalformedCase> malformed_cases();

@@ -1,8 +1,8 @@
 #include "mds_test_file.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -97,7 +97,9 @@ ModelConfig test_config(const MdsTestOptions& o) {
 
 }  // namespace
 
-json test_config_json(const MdsTestOptions& options) { return config_to_json(test_config(options)); }
+json test_config_json(const MdsTestOptions& options) {
+    return config_to_json(test_config(options));
+}
 
 json test_tokenizer_json() {
     TokenizerData t;
@@ -145,7 +147,8 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
         }
         add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_cache_width(), D});
         add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank});
-        add(p + "self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+        add(p + "self_attn.kv_b_proj.weight",
+            {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
         add(p + "self_attn.o_proj.weight", {D, H * c.v_head_dim});
         add(p + "post_attention_layernorm.weight", {D});
         if (c.is_moe_layer(l)) {
@@ -177,7 +180,8 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
         bool scale;
         uint64_t offset;
     };
-    std::vector<Part> parts = {{"gate", {F, E}, false, 0}, {"up", {F, E}, false, 0}, {"down", {E, F}, false, 0}};
+    std::vector<Part> parts = {
+        {"gate", {F, E}, false, 0}, {"up", {F, E}, false, 0}, {"down", {E, F}, false, 0}};
     if (fp8) {
         parts.push_back({"gate_scale", {F}, true, 0});
         parts.push_back({"up_scale", {F}, true, 0});
@@ -246,18 +250,20 @@ MdsTestFile make_test_mds(const MdsTestOptions& o) {
                       {"config", config_to_json(c)},
                       {"tokenizer", test_tokenizer_json()},
                       {"tensors", table},
-                      {"experts", {{"dtype", fp8 ? "f8_e4m3" : "bf16"},
-                                   {"n_embd", E},
-                                   {"n_ff", F},
-                                   {"layout", layout},
-                                   {"blob_nbytes", blob_nbytes},
-                                   {"blobs", blob_table}}},
-                      {"provenance", {{"tool", "minids test helper"},
-                                      {"tool_version", "0"},
-                                      {"source", "tests/mds_test_file.cpp"},
-                                      {"expert_dtype", fp8 ? "f8_e4m3" : "bf16"},
-                                      {"synthetic", true},
-                                      {"seed", o.seed}}}};
+                      {"experts",
+                       {{"dtype", fp8 ? "f8_e4m3" : "bf16"},
+                        {"n_embd", E},
+                        {"n_ff", F},
+                        {"layout", layout},
+                        {"blob_nbytes", blob_nbytes},
+                        {"blobs", blob_table}}},
+                      {"provenance",
+                       {{"tool", "minids test helper"},
+                        {"tool_version", "0"},
+                        {"source", "tests/mds_test_file.cpp"},
+                        {"expert_dtype", fp8 ? "f8_e4m3" : "bf16"},
+                        {"synthetic", true},
+                        {"seed", o.seed}}}};
         if (blobs.empty()) f.manifest["experts"] = nullptr;  // a dense-only model
         uint64_t need = align_up(sizeof(mds::mds_preamble) + f.manifest.dump().size() + 2048,
                                  mds::mds_alignment);
@@ -275,7 +281,8 @@ std::vector<uint8_t> MdsTestFile::bytes() const {
     const std::string text = manifest_bytes();
     const uint64_t header = sizeof(mds::mds_preamble);
     if (header + text.size() > data_offset)
-        throw std::runtime_error("mds_test_file: the edited manifest no longer fits before data_offset");
+        throw std::runtime_error(
+            "mds_test_file: the edited manifest no longer fits before data_offset");
     uint64_t end = data_offset;
     for (const auto& p : payloads) end = std::max<uint64_t>(end, p.offset + p.bytes.size());
     std::vector<uint8_t> out(align_up(end, mds::mds_alignment), 0);
@@ -289,7 +296,8 @@ std::vector<uint8_t> MdsTestFile::bytes() const {
     std::memcpy(out.data(), &pre, sizeof pre);
     refresh_preamble_checksum(out);
     std::memcpy(out.data() + header, text.data(), text.size());
-    for (const auto& p : payloads) std::memcpy(out.data() + p.offset, p.bytes.data(), p.bytes.size());
+    for (const auto& p : payloads)
+        std::memcpy(out.data() + p.offset, p.bytes.data(), p.bytes.size());
     return out;
 }
 
@@ -297,7 +305,8 @@ void MdsTestFile::write(const std::filesystem::path& path) const { write_file(pa
 
 void write_file(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out) throw std::runtime_error("mds_test_file: cannot write " + path.string());
 }
 

@@ -70,8 +70,10 @@ inline RefConfig ref_config_from_hf(const nlohmann::json& j) {
     c.rope_theta = j.value("rope_theta", 10000.0);
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
         const auto& r = j["rope_scaling"];
-        c.yarn = RefYarn{r.at("factor").get<double>(), r.value("beta_fast", 32.0),
-                         r.value("beta_slow", 1.0), r.value("mscale", 1.0),
+        c.yarn = RefYarn{r.at("factor").get<double>(),
+                         r.value("beta_fast", 32.0),
+                         r.value("beta_slow", 1.0),
+                         r.value("mscale", 1.0),
                          r.value("mscale_all_dim", 0.0),
                          r.value("original_max_position_embeddings", int64_t(4096))};
     }
@@ -90,23 +92,27 @@ public:
         std::vector<Vec> x(static_cast<size_t>(T));
         const Vec& emb = get("model.embed_tokens.weight");
         for (int64_t t = 0; t < T; ++t)
-            x[size_t(t)].assign(emb.begin() + tokens[size_t(t)] * D, emb.begin() + (tokens[size_t(t)] + 1) * D);
+            x[size_t(t)].assign(emb.begin() + tokens[size_t(t)] * D,
+                                emb.begin() + (tokens[size_t(t)] + 1) * D);
         for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
             const std::string p = "model.layers." + std::to_string(l) + ".";
             std::vector<Vec> xn(static_cast<size_t>(T));
-            for (int64_t t = 0; t < T; ++t) xn[size_t(t)] = rms_norm(x[size_t(t)], get(p + "input_layernorm.weight"));
+            for (int64_t t = 0; t < T; ++t)
+                xn[size_t(t)] = rms_norm(x[size_t(t)], get(p + "input_layernorm.weight"));
             std::vector<Vec> a = attention(p + "self_attn.", xn);
             for (int64_t t = 0; t < T; ++t) {
                 for (int64_t i = 0; i < D; ++i) x[size_t(t)][size_t(i)] += a[size_t(t)][size_t(i)];
                 Vec hn = rms_norm(x[size_t(t)], get(p + "post_attention_layernorm.weight"));
-                bool moe = c_.n_routed_experts > 0 && l >= c_.first_k_dense_replace && l % c_.moe_layer_freq == 0;
+                bool moe = c_.n_routed_experts > 0 && l >= c_.first_k_dense_replace &&
+                           l % c_.moe_layer_freq == 0;
                 Vec f = moe ? moe_ffn(p + "mlp.", hn) : mlp(p + "mlp.", hn);
                 for (int64_t i = 0; i < D; ++i) x[size_t(t)][size_t(i)] += f[size_t(i)];
             }
         }
         std::vector<Vec> logits(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t)
-            logits[size_t(t)] = linear(rms_norm(x[size_t(t)], get("model.norm.weight")), get("lm_head.weight"), c_.vocab_size);
+            logits[size_t(t)] = linear(rms_norm(x[size_t(t)], get("model.norm.weight")),
+                                       get("lm_head.weight"), c_.vocab_size);
         return logits;
     }
 
@@ -145,9 +151,13 @@ private:
         for (int64_t i = 0; i < n_ff; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
         return linear(g, get(p + "down_proj.weight"), c_.hidden_size);
     }
-    Vec mlp(const std::string& p, const Vec& x) const { return swiglu_mlp(p, x, c_.intermediate_size); }
+    Vec mlp(const std::string& p, const Vec& x) const {
+        return swiglu_mlp(p, x, c_.intermediate_size);
+    }
 
-    static double yarn_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+    static double yarn_mscale(double s, double m) {
+        return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0;
+    }
 
     // DeepSeek's YaRN, written out from the paper's reference code.
     void rope_table(Vec& inv_freq, double& attn_factor) const {
@@ -155,11 +165,13 @@ private:
         const double base = c_.rope_theta;
         inv_freq.assign(size_t(d / 2), 0.0);
         attn_factor = 1.0;
-        for (int64_t i = 0; i < d / 2; ++i) inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(d));
+        for (int64_t i = 0; i < d / 2; ++i)
+            inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(d));
         if (!c_.yarn) return;
         const RefYarn& y = *c_.yarn;
         auto corr = [&](double n) {
-            return double(d) * std::log(double(y.original_max_position_embeddings) / (2.0 * M_PI * n)) /
+            return double(d) *
+                   std::log(double(y.original_max_position_embeddings) / (2.0 * M_PI * n)) /
                    (2.0 * std::log(base));
         };
         double low = std::max(std::floor(corr(y.beta_fast)), 0.0);
@@ -188,21 +200,23 @@ private:
     }
 
     std::vector<Vec> attention(const std::string& p, const std::vector<Vec>& xn) const {
-        const int64_t T = int64_t(xn.size()), H = c_.num_attention_heads, nope = c_.qk_nope_head_dim,
-                      rope_d = c_.qk_rope_head_dim, dv = c_.v_head_dim, r = c_.kv_lora_rank,
-                      dq = nope + rope_d;
+        const int64_t T = int64_t(xn.size()), H = c_.num_attention_heads,
+                      nope = c_.qk_nope_head_dim, rope_d = c_.qk_rope_head_dim, dv = c_.v_head_dim,
+                      r = c_.kv_lora_rank, dq = nope + rope_d;
         double scale = 1.0 / std::sqrt(double(dq));
         if (c_.yarn && c_.yarn->mscale_all_dim != 0.0) {
             double m = yarn_mscale(c_.yarn->factor, c_.yarn->mscale_all_dim);
             scale *= m * m;
         }
         // Per token: q [H, dq], k [H, dq], v [H, dv], all heads expanded.
-        std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
+        std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)),
+            v(static_cast<size_t>(T));
         const Vec& wkvb = get(p + "kv_b_proj.weight");  // [H·(nope+dv), r]
         for (int64_t t = 0; t < T; ++t) {
             if (c_.q_lora_rank) {
                 Vec qa = linear(xn[size_t(t)], get(p + "q_a_proj.weight"), *c_.q_lora_rank);
-                q[size_t(t)] = linear(rms_norm(qa, get(p + "q_a_layernorm.weight")), get(p + "q_b_proj.weight"), H * dq);
+                q[size_t(t)] = linear(rms_norm(qa, get(p + "q_a_layernorm.weight")),
+                                      get(p + "q_b_proj.weight"), H * dq);
             } else {
                 q[size_t(t)] = linear(xn[size_t(t)], get(p + "q_proj.weight"), H * dq);
             }
@@ -215,9 +229,12 @@ private:
             k[size_t(t)].assign(size_t(H * dq), 0.0);
             v[size_t(t)].assign(size_t(H * dv), 0.0);
             for (int64_t h = 0; h < H; ++h) {
-                for (int64_t i = 0; i < nope; ++i) k[size_t(t)][size_t(h * dq + i)] = kvfull[size_t(h * (nope + dv) + i)];
-                for (int64_t i = 0; i < rope_d; ++i) k[size_t(t)][size_t(h * dq + nope + i)] = kpe[size_t(i)];
-                for (int64_t i = 0; i < dv; ++i) v[size_t(t)][size_t(h * dv + i)] = kvfull[size_t(h * (nope + dv) + nope + i)];
+                for (int64_t i = 0; i < nope; ++i)
+                    k[size_t(t)][size_t(h * dq + i)] = kvfull[size_t(h * (nope + dv) + i)];
+                for (int64_t i = 0; i < rope_d; ++i)
+                    k[size_t(t)][size_t(h * dq + nope + i)] = kpe[size_t(i)];
+                for (int64_t i = 0; i < dv; ++i)
+                    v[size_t(t)][size_t(h * dv + i)] = kvfull[size_t(h * (nope + dv) + nope + i)];
             }
         }
         std::vector<Vec> out(static_cast<size_t>(T));
@@ -228,14 +245,17 @@ private:
                 double mx = -1e300;
                 for (int64_t j = 0; j <= t; ++j) {
                     double dot = 0.0;
-                    for (int64_t i = 0; i < dq; ++i) dot += q[size_t(t)][size_t(h * dq + i)] * k[size_t(j)][size_t(h * dq + i)];
+                    for (int64_t i = 0; i < dq; ++i)
+                        dot += q[size_t(t)][size_t(h * dq + i)] * k[size_t(j)][size_t(h * dq + i)];
                     s[size_t(j)] = dot * scale;
                     mx = std::max(mx, s[size_t(j)]);
                 }
                 double z = 0.0;
                 for (double& e : s) z += (e = std::exp(e - mx));
                 for (int64_t j = 0; j <= t; ++j)
-                    for (int64_t i = 0; i < dv; ++i) o[size_t(h * dv + i)] += s[size_t(j)] / z * v[size_t(j)][size_t(h * dv + i)];
+                    for (int64_t i = 0; i < dv; ++i)
+                        o[size_t(h * dv + i)] +=
+                            s[size_t(j)] / z * v[size_t(j)][size_t(h * dv + i)];
             }
             out[size_t(t)] = linear(o, get(p + "o_proj.weight"), c_.hidden_size);
         }
@@ -254,16 +274,20 @@ private:
             const int64_t G = c_.n_group, per = E / G;
             std::vector<std::pair<double, int64_t>> gs;
             for (int64_t g = 0; g < G; ++g)
-                gs.push_back({*std::max_element(s.begin() + g * per, s.begin() + (g + 1) * per), g});
-            std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
+                gs.push_back(
+                    {*std::max_element(s.begin() + g * per, s.begin() + (g + 1) * per), g});
+            std::stable_sort(gs.begin(), gs.end(),
+                             [](auto& a, auto& b) { return a.first > b.first; });
             std::fill(allowed.begin(), allowed.end(), false);
             for (int64_t i = 0; i < c_.topk_group; ++i)
-                for (int64_t e = 0; e < per; ++e) allowed[size_t(gs[size_t(i)].second * per + e)] = true;
+                for (int64_t e = 0; e < per; ++e)
+                    allowed[size_t(gs[size_t(i)].second * per + e)] = true;
         }
         std::vector<int64_t> order(static_cast<size_t>(E));
         std::iota(order.begin(), order.end(), 0);
         std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-            double sa = allowed[size_t(a)] ? s[size_t(a)] : -1.0, sb = allowed[size_t(b)] ? s[size_t(b)] : -1.0;
+            double sa = allowed[size_t(a)] ? s[size_t(a)] : -1.0,
+                   sb = allowed[size_t(b)] ? s[size_t(b)] : -1.0;
             return sa > sb;
         });
         double sum_k = 0.0;
@@ -271,12 +295,15 @@ private:
         Vec y(size_t(c_.hidden_size), 0.0);
         for (int64_t i = 0; i < K; ++i) {
             int64_t e = order[size_t(i)];
-            double w = (c_.norm_topk_prob && K > 1) ? s[size_t(e)] / sum_k : s[size_t(e)] * c_.routed_scaling_factor;
-            Vec ye = swiglu_mlp(p + "experts." + std::to_string(e) + ".", x, c_.moe_intermediate_size);
+            double w = (c_.norm_topk_prob && K > 1) ? s[size_t(e)] / sum_k
+                                                    : s[size_t(e)] * c_.routed_scaling_factor;
+            Vec ye =
+                swiglu_mlp(p + "experts." + std::to_string(e) + ".", x, c_.moe_intermediate_size);
             for (size_t j = 0; j < y.size(); ++j) y[j] += w * ye[j];
         }
         if (c_.n_shared_experts) {
-            Vec ys = swiglu_mlp(p + "shared_experts.", x, c_.moe_intermediate_size * *c_.n_shared_experts);
+            Vec ys = swiglu_mlp(p + "shared_experts.", x,
+                                c_.moe_intermediate_size * *c_.n_shared_experts);
             for (size_t j = 0; j < y.size(); ++j) y[j] += ys[j];
         }
         return y;

@@ -48,7 +48,8 @@ inline void read_safetensors(const std::string& path, StTensors& out) {
     uint64_t header_len = 0;
     std::memcpy(&header_len, bytes.data(), 8);
     if (8 + header_len > bytes.size()) throw std::runtime_error(path + ": bad header length");
-    auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(header_len));
+    auto header =
+        nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(header_len));
     const uint8_t* data = bytes.data() + 8 + header_len;
     for (auto& [name, info] : header.items()) {
         if (name == "__metadata__") continue;
@@ -88,7 +89,8 @@ inline void write_safetensors_bf16(const std::string& path, const StTensors& ten
     uint64_t offset = 0;
     for (const auto& [name, t] : tensors) {
         uint64_t nb = t.values.size() * 2;
-        header[name] = {{"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, offset + nb}}};
+        header[name] = {
+            {"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, offset + nb}}};
         offset += nb;
     }
     std::string h = header.dump();

@@ -130,3 +130,21 @@ TEST_CASE("writer: a manifest that outgrows the first page moves the data") {
     CHECK(48 + m.preamble.manifest_len <= m.preamble.data_offset);
     CHECK(m.manifest["tensors"][299]["offset"] == w.data_offset() + 299 * 4096);
 }
+
+TEST_CASE("writer: AlignedBuffer keeps its prefix, zeroes up to the padded size, stays 4096-aligned") {
+    mds::AlignedBuffer b(5000);
+    CHECK(reinterpret_cast<uintptr_t>(b.data()) % 4096 == 0);
+    CHECK(b.padded_size() == 8192);
+    for (size_t i = 0; i < 8192; ++i) REQUIRE(b.data()[i] == 0);
+    for (size_t i = 0; i < 5000; ++i) b.data()[i] = uint8_t(i * 7 + 1);
+    b.resize(3001);  // shrink: prefix kept, the rest of the last page zeroed
+    CHECK(b.padded_size() == 4096);
+    for (size_t i = 0; i < 3001; ++i) REQUIRE(b.data()[i] == uint8_t(i * 7 + 1));
+    for (size_t i = 3001; i < 4096; ++i) REQUIRE(b.data()[i] == 0);
+    b.resize(6000);  // grow within capacity: the bytes beyond the old size are zero, not stale
+    for (size_t i = 3001; i < 8192; ++i) REQUIRE(b.data()[i] == 0);
+    b.resize(20000);  // grow past capacity: new allocation, prefix copied
+    CHECK(reinterpret_cast<uintptr_t>(b.data()) % 4096 == 0);
+    for (size_t i = 0; i < 3001; ++i) REQUIRE(b.data()[i] == uint8_t(i * 7 + 1));
+    for (size_t i = 3001; i < 20480; ++i) REQUIRE(b.data()[i] == 0);
+}

@@ -162,7 +162,7 @@ TEST_CASE("dtype: BF16 rounds to nearest even, keeps NaN and infinities") {
     CHECK(mgl::f32_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)) == 0x3F81);
     CHECK(mgl::f32_to_bf16(-2.0f) == 0xC000);
     CHECK(mgl::f32_to_bf16(std::numeric_limits<float>::infinity()) == 0x7F80);
-    CHECK(mgl::f32_to_bf16(std::numeric_limits<float>::max()) == 0x7F80);  // rounds to infinity
+    CHECK(mgl::f32_to_bf16(std::numeric_limits<float>::max()) == 0x7F80);     // rounds to infinity
     uint16_t nan_bits = mgl::f32_to_bf16(std::bit_cast<float>(0x7F800001u));  // signalling, low bit
     CHECK(std::isnan(mgl::bf16_to_f32(nan_bits)));
     // Subnormal floats keep their top bits: 2^-130 is exactly representable in bf16.
@@ -179,7 +179,8 @@ TEST_CASE("dtype: BF16 rounds to nearest even, keeps NaN and infinities") {
             }
         }
     }
-    for (uint32_t c = 0; c < 0x7F80; c += 7) CHECK(mgl::f32_to_bf16(mgl::bf16_to_f32(uint16_t(c))) == c);
+    for (uint32_t c = 0; c < 0x7F80; c += 7)
+        CHECK(mgl::f32_to_bf16(mgl::bf16_to_f32(uint16_t(c))) == c);
 }
 
 TEST_CASE("dtype: F16 rounds to nearest even, subnormals, overflow to infinity") {
@@ -189,9 +190,9 @@ TEST_CASE("dtype: F16 rounds to nearest even, subnormals, overflow to infinity")
     CHECK(mgl::f32_to_f16(65520.0f) == 0x7C00);  // the tie above max rounds to infinity
     CHECK(mgl::f32_to_f16(-1e6f) == 0xFC00);
     CHECK(mgl::f32_to_f16(std::ldexp(1.0f, -24)) == 0x0001);
-    CHECK(mgl::f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);            // tie -> even (0)
-    CHECK(mgl::f32_to_f16(std::ldexp(3.0f, -25)) == 0x0002);            // tie 1|2 -> 2
-    CHECK(mgl::f32_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3C00);     // tie -> even
+    CHECK(mgl::f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);         // tie -> even (0)
+    CHECK(mgl::f32_to_f16(std::ldexp(3.0f, -25)) == 0x0002);         // tie 1|2 -> 2
+    CHECK(mgl::f32_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3C00);  // tie -> even
     CHECK(mgl::f32_to_f16(1.0f + std::ldexp(3.0f, -11)) == 0x3C02);
     CHECK(std::isnan(mgl::f16_to_f32(mgl::f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));
     CHECK(mgl::f16_to_f32(0x0001) == std::ldexp(1.0f, -24));

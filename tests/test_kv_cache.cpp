@@ -44,7 +44,8 @@ void store_rows(mgl::backend& be, LatentKvCache& cache, int seq, int64_t layer, 
     mgl::bind(*tk, *inputs, mgl::nbytes(*tc));
     be.upload(*tc, c.data(), 0, mgl::nbytes(*tc));
     be.upload(*tk, k_pe.data(), 0, mgl::nbytes(*tk));
-    mgl::tensor* out = mgl::kv_store(ctx, cache.layer_pages(ctx, layer), cache.page_table(ctx, seq), tc, tk, int(n_past));
+    mgl::tensor* out = mgl::kv_store(ctx, cache.layer_pages(ctx, layer), cache.page_table(ctx, seq),
+                                     tc, tk, int(n_past));
     mgl::graph g = mgl::build_graph(ctx, {out});
     be.allocate(g);
     be.compute(g);
@@ -86,7 +87,7 @@ TEST_CASE("kv cache: pages are taken as a sequence grows and given back on trunc
     CHECK(cache.free_pages() == 6);
     CHECK(download_table(*be, cache, a)[0] == ta[0]);
     CHECK_THROWS_AS(cache.truncate(a, 5), mgl::error);
-    CHECK_THROWS_AS(cache.advance(a, 1), mgl::error);  // position 4 has no page reserved
+    CHECK_THROWS_AS(cache.advance(a, 1), mgl::error);   // position 4 has no page reserved
     CHECK_THROWS_AS(cache.reserve(a, 17), mgl::error);  // past n_ctx
     cache.free_sequence(b);
     CHECK(cache.free_pages() == 7);
@@ -106,7 +107,9 @@ TEST_CASE("kv cache: the pool runs out cleanly") {
     CHECK(cache.free_pages() == 0);
 }
 
-TEST_CASE("kv cache: rows written by kv_store are read back at their positions, across pages and layers") {
+TEST_CASE(
+    "kv cache: rows written by kv_store are read back at their positions, across pages and "
+    "layers") {
     auto be = mgl::make_cpu_backend(2);
     LatentKvCache cache(*be, small_params());
     const int a = cache.new_sequence(), b = cache.new_sequence();
@@ -115,7 +118,8 @@ TEST_CASE("kv cache: rows written by kv_store are read back at their positions, 
     std::vector<std::vector<float>> rows_a(11), rows_b(6);
     int64_t filled_a = 0, filled_b = 0;
     uint64_t seed = 100;
-    auto write = [&](int seq, std::vector<std::vector<float>>& rows, int64_t& filled, int64_t T, int64_t layer) {
+    auto write = [&](int seq, std::vector<std::vector<float>>& rows, int64_t& filled, int64_t T,
+                     int64_t layer) {
         auto c = minids::test::random_floats(size_t(T * r), seed++);
         auto k = minids::test::random_floats(size_t(T * rope), seed++);
         cache.reserve(seq, T);

@@ -17,7 +17,8 @@ using namespace minids::test;
 namespace {
 
 void pwrite_byte(int fd, uint64_t offset, uint8_t value) {
-    if (pwrite(fd, &value, 1, static_cast<off_t>(offset)) != 1) throw std::runtime_error("pwrite failed");
+    if (pwrite(fd, &value, 1, static_cast<off_t>(offset)) != 1)
+        throw std::runtime_error("pwrite failed");
 }
 
 }  // namespace
@@ -46,7 +47,8 @@ TEST_CASE("mds byte flips: open() + verify() detect a change to any byte") {
     for (uint64_t pos = 0; pos < bytes.size(); ++pos) {
         if (!dense[pos] && pos % 7 != 0) continue;
         // Alternate single-bit and whole-byte changes.
-        const uint8_t changed = static_cast<uint8_t>(pos % 2 ? bytes[pos] ^ (1u << (pos % 8)) : ~bytes[pos]);
+        const uint8_t changed =
+            static_cast<uint8_t>(pos % 2 ? bytes[pos] ^ (1u << (pos % 8)) : ~bytes[pos]);
         pwrite_byte(fd, pos, changed);
         bool accepted = false;
         try {

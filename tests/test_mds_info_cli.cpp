@@ -69,7 +69,8 @@ TEST_CASE("minids info: prints config, sizes, tokenizer and provenance of a vali
     // 3 layers x (kv_lora_rank 8 + rope 4) x 2 bytes, and x 4 bytes.
     CHECK(r.out.find("72 bytes/token in BF16, 144 in F32") != std::string::npos);
     CHECK(r.out.find("6 blobs") != std::string::npos);
-    CHECK(r.out.find("34 tokens, 3 merges, 2 added (2 special), chat template yes") != std::string::npos);
+    CHECK(r.out.find("34 tokens, 3 merges, 2 added (2 special), chat template yes") !=
+          std::string::npos);
     CHECK(r.out.find("tool=minids test helper") != std::string::npos);
     CHECK(r.out.find("verify") == std::string::npos);
 
@@ -90,10 +91,10 @@ TEST_CASE("minids info: prints config, sizes, tokenizer and provenance of a vali
 
 TEST_CASE("minids info: malformed and corrupt files exit 2 with one message") {
     TempDir dir;
+    int n = 0;
     for (const auto& mc : malformed_cases()) {
         // Every fifth case plus all the verify ones keeps this quick; the in-process test covers
         // the whole corpus.
-        static int n = 0;
         if (!mc.open_ok && n++ % 5 != 0) continue;
         CAPTURE(mc.name);
         MdsTestFile f = make_test_mds({.seed = 5});
@@ -118,4 +119,31 @@ TEST_CASE("minids info: malformed and corrupt files exit 2 with one message") {
     auto missing = run_info(dir, quoted(dir.path / "nope.mds"));
     CHECK(missing.exit_code == 2);
     CHECK(missing.err.find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("minids info: files written by minids convert open and verify") {
+    TempDir dir;
+    for (const char* dtype : {"fp8", "bf16"}) {
+        CAPTURE(dtype);
+        const auto path = dir.path / (std::string("tiny-") + dtype + ".mds");
+        std::string cmd = quoted(minids_binary());
+        cmd += " convert -q --expert-dtype ";
+        cmd += dtype;
+        cmd += " -o ";
+        cmd += quoted(path);
+        cmd += " ";
+        cmd += quoted(data_dir() / "tiny-v2-lite");
+        cmd += " >/dev/null 2>&1";
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        auto r = run_info(dir, "--verify --json " + quoted(path));
+        CAPTURE(r.err);
+        REQUIRE(r.exit_code == 0);
+        auto doc = nlohmann::json::parse(r.out);
+        CHECK(doc["verify"]["ok"] == true);
+        CHECK(doc["config"]["num_hidden_layers"] == 4);
+        CHECK(doc["sizes"]["n_experts"] == 3 * 16);  // layers 1..3, 16 experts each
+        CHECK(doc["sizes"]["expert_dtype"] == (std::string(dtype) == "fp8" ? "f8_e4m3" : "bf16"));
+        CHECK(doc["tokenizer"]["vocab_size"] == 1024);
+        CHECK(doc["tokenizer"]["has_chat_template"] == true);
+    }
 }

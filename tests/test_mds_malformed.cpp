@@ -61,10 +61,12 @@ TEST_CASE("mds malformed corpus: write fuzzer seeds" * doctest::skip()) {
     REQUIRE(out != nullptr);
     const std::filesystem::path dir = out;
     std::filesystem::create_directories(dir);
-    write_file(dir / "valid_fp8.mds", make_test_mds({.seed = 1, .n_layers = 2, .n_experts = 2}).bytes());
+    write_file(dir / "valid_fp8.mds",
+               make_test_mds({.seed = 1, .n_layers = 2, .n_experts = 2}).bytes());
     write_file(dir / "valid_bf16_qlora.mds",
-               make_test_mds({.seed = 2, .fp8_experts = false, .q_lora = true, .n_layers = 2,
-                              .n_experts = 2}).bytes());
+               make_test_mds(
+                   {.seed = 2, .fp8_experts = false, .q_lora = true, .n_layers = 2, .n_experts = 2})
+                   .bytes());
     std::set<std::string> written;
     for (const auto& mc : malformed_cases()) {
         MdsTestFile f = make_test_mds({.seed = 5});

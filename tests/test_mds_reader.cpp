@@ -140,3 +140,29 @@ TEST_CASE("mds reader: a dense-only model (no routed experts) has no expert tabl
         CHECK(std::string(e.what()).find("experts: expected no expert table") != std::string::npos);
     }
 }
+
+TEST_CASE("mds verify: every damaged range is reported, whatever the thread count") {
+    TempDir dir;
+    MdsTestFile f = make_test_mds({.seed = 17});
+    auto bytes = f.bytes();
+    const auto& tensors = f.manifest["tensors"];
+    const uint64_t t5 = tensors[5]["offset"].get<uint64_t>();
+    const uint64_t t9 = tensors[9]["offset"].get<uint64_t>();
+    const uint64_t blob3 = f.manifest["experts"]["blobs"][3]["offset"].get<uint64_t>();
+    bytes[t5 + 1] ^= 0x10;     // tensor 5
+    bytes[t9 + 4095] = 0x01;   // padding after tensor 9
+    bytes[blob3 + 7] ^= 0x01;  // expert blob of layer 2, expert 0
+    const auto path = dir.path / "damaged.mds";
+    write_file(path, bytes);
+    auto m = MdsFile::open(path.string());
+    for (int threads : {1, 2, 5}) {
+        CAPTURE(threads);
+        auto r = m->verify(threads, [](uint64_t, uint64_t) {});
+        CHECK(!r.ok);
+        REQUIRE(r.problems.size() == 3);
+        const std::string all = r.problems[0] + "\n" + r.problems[1] + "\n" + r.problems[2];
+        CHECK(all.find("tensor " + tensors[5]["name"].get<std::string>()) != std::string::npos);
+        CHECK(all.find("padding at offset " + std::to_string(t9 + 4095)) != std::string::npos);
+        CHECK(all.find("expert blob layer 2 expert 0") != std::string::npos);
+    }
+}

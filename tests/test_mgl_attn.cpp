@@ -11,9 +11,10 @@ namespace {
 constexpr int64_t r = 12, rope = 6, width = r + rope, page_size = 4, n_pages = 6, H = 3;
 
 // Dense causal attention over keys 0 .. n_past + t for each query t, head h.
-std::vector<double> dense_attention(const std::vector<double>& q_lat, const std::vector<double>& q_pe,
-                                    const std::vector<std::vector<double>>& keys, int64_t T, int64_t n_past,
-                                    double scale) {
+std::vector<double> dense_attention(const std::vector<double>& q_lat,
+                                    const std::vector<double>& q_pe,
+                                    const std::vector<std::vector<double>>& keys, int64_t T,
+                                    int64_t n_past, double scale) {
     std::vector<double> out;
     for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < H; ++h) {
@@ -22,7 +23,8 @@ std::vector<double> dense_attention(const std::vector<double>& q_lat, const std:
             double mx = -1e300;
             for (int64_t j = 0; j < n_ctx; ++j) {
                 double dot = 0;
-                for (int64_t e = 0; e < r; ++e) dot += q_lat[size_t((t * H + h) * r + e)] * keys[size_t(j)][size_t(e)];
+                for (int64_t e = 0; e < r; ++e)
+                    dot += q_lat[size_t((t * H + h) * r + e)] * keys[size_t(j)][size_t(e)];
                 for (int64_t e = 0; e < rope; ++e)
                     dot += q_pe[size_t((t * H + h) * rope + e)] * keys[size_t(j)][size_t(r + e)];
                 s[size_t(j)] = dot * scale;
@@ -32,7 +34,8 @@ std::vector<double> dense_attention(const std::vector<double>& q_lat, const std:
             for (auto& v : s) sum += (v = std::exp(v - mx));
             for (int64_t e = 0; e < r; ++e) {
                 double o = 0;
-                for (int64_t j = 0; j < n_ctx; ++j) o += s[size_t(j)] / sum * keys[size_t(j)][size_t(e)];
+                for (int64_t j = 0; j < n_ctx; ++j)
+                    o += s[size_t(j)] / sum * keys[size_t(j)][size_t(e)];
                 out.push_back(o);
             }
         }
@@ -40,17 +43,30 @@ std::vector<double> dense_attention(const std::vector<double>& q_lat, const std:
 }
 
 double round_as(dtype t, double v) {
-    return t == dtype::bf16 ? double(mgl::bf16_to_f32(mgl::f32_to_bf16(float(v)))) : double(float(v));
+    return t == dtype::bf16 ? double(mgl::bf16_to_f32(mgl::f32_to_bf16(float(v))))
+                            : double(float(v));
 }
 
 }  // namespace
 
 TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill, then decode)") {
-    for (dtype cache_type : {dtype::f32, dtype::bf16}) {
-        CAPTURE(mgl::dtype_name(cache_type));
+    // Variants: f32 and bf16 caches (the SIMD kernel path), and an f32 cache whose elements are
+    // two floats apart (a view; the generic path).
+    for (int variant = 0; variant < 3; ++variant) {
+        const dtype cache_type = variant == 1 ? dtype::bf16 : dtype::f32;
+        const int64_t spread = variant == 2 ? 2 : 1;
+        CAPTURE(variant);
         harness h;
-        std::vector<uint8_t> zeros(size_t(n_pages * page_size * width) * mgl::dtype_size(cache_type), 0);
-        mgl::tensor* pages = h.leaf(cache_type, {n_pages, page_size, width}, zeros.data(), zeros.size(), "kv_pages");
+        std::vector<uint8_t> zeros(
+            size_t(n_pages * page_size * width * spread) * mgl::dtype_size(cache_type), 0);
+        mgl::tensor* storage = h.leaf(cache_type, {n_pages, page_size, width * spread},
+                                      zeros.data(), zeros.size(), "kv_pages");
+        mgl::tensor* pages = storage;
+        if (spread > 1) {
+            const int64_t shape[3] = {n_pages, page_size, width};
+            const int64_t stride[3] = {page_size * width * 8, width * 8, 8};
+            pages = mgl::view(h.ctx, storage, shape, stride, 0);
+        }
         std::vector<int32_t> table = {3, 0, 5, 1, 4};  // logical page -> physical page
         mgl::tensor* page_table = h.i32({5}, table, "page_table");
         const float scale = 0.31f;
@@ -60,7 +76,8 @@ TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill,
         uint64_t seed = 500;
         for (int64_t T : {5, 1, 3, 1}) {  // prefill 5, then decode steps; ends at 10 positions
             CAPTURE(n_past);
-            // kv_a output [T, r + rope]: c and k_pe are column slices (strided views), as in the model.
+            // kv_a output [T, r + rope]: c and k_pe are column slices (strided views), as in the
+            // model.
             mgl::tensor* kv_a = h.random(dtype::f32, {T, width}, seed++, -1.0f, 1.0f, "kv_a");
             mgl::tensor* kv_c = mgl::slice(h.ctx, kv_a, 1, 0, r);
             mgl::tensor* k_pe = mgl::slice(h.ctx, kv_a, 1, r, rope);
@@ -69,17 +86,20 @@ TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill,
             mgl::tensor* q_pe = mgl::slice(h.ctx, q, 2, 5, rope);
             mgl::tensor* stored = mgl::kv_store(h.ctx, pages, page_table, kv_c, k_pe, int(n_past));
             CHECK(stored->type == cache_type);
-            mgl::tensor* o = mgl::mla_attn(h.ctx, q_lat, q_pe, stored, page_table, int(n_past), scale);
+            mgl::tensor* o =
+                mgl::mla_attn(h.ctx, q_lat, q_pe, stored, page_table, int(n_past), scale);
             CHECK(o->shape == q_lat->shape);
             auto got = h.run(o);
 
             auto kv = harness::read_all(*kv_a);
             for (int64_t t = 0; t < T; ++t) {
                 std::vector<double> row;
-                for (int64_t e = 0; e < width; ++e) row.push_back(round_as(cache_type, kv[size_t(t * width + e)]));
+                for (int64_t e = 0; e < width; ++e)
+                    row.push_back(round_as(cache_type, kv[size_t(t * width + e)]));
                 keys.push_back(row);
             }
-            auto want = dense_attention(harness::read_all(*q_lat), harness::read_all(*q_pe), keys, T, n_past, scale);
+            auto want = dense_attention(harness::read_all(*q_lat), harness::read_all(*q_pe), keys,
+                                        T, n_past, scale);
             check_close(got, want, 2e-6, 1e-5);
             n_past += T;
         }
@@ -88,7 +108,8 @@ TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill,
         for (int64_t pos = 0; pos < n_past; ++pos) {
             int64_t phys = table[size_t(pos / page_size)], slot = pos % page_size;
             for (int64_t e = 0; e < width; ++e)
-                CHECK(pv[size_t((phys * page_size + slot) * width + e)] == keys[size_t(pos)][size_t(e)]);
+                CHECK(pv[size_t((phys * page_size + slot) * width + e)] ==
+                      keys[size_t(pos)][size_t(e)]);
         }
         // Physical page 2 is not in the table and page 4 (logical 4) was never reached.
         for (int64_t i = 0; i < page_size * width; ++i) {
@@ -111,5 +132,6 @@ TEST_CASE("mgl kv_store + mla_attn: capacity and page-table errors") {
     CHECK_THROWS_AS(h.run(mgl::kv_store(h.ctx, pages, table, c, k, 3)), mgl::error);
     mgl::tensor* q_lat = h.random(dtype::f32, {1, H, r + 1}, 602);
     mgl::tensor* q_pe = h.random(dtype::f32, {1, H, rope}, 603);
-    CHECK_THROWS_AS(mgl::mla_attn(h.ctx, q_lat, q_pe, pages, table, 0, 1.0f), mgl::error);  // width mismatch
+    CHECK_THROWS_AS(mgl::mla_attn(h.ctx, q_lat, q_pe, pages, table, 0, 1.0f),
+                    mgl::error);  // width mismatch
 }

@@ -148,7 +148,8 @@ TEST_CASE("mgl plan_allocation: dead buffers are reused, outputs and viewed sour
     for (auto [t, o] : plan.offsets) {
         if (t == chain[1] || t == chain[4]) continue;
         for (const mgl::tensor* keep : {chain[1], chain[4]}) {
-            bool after = std::find(g.nodes.begin(), g.nodes.end(), t) > std::find(g.nodes.begin(), g.nodes.end(), keep);
+            bool after = std::find(g.nodes.begin(), g.nodes.end(), t) >
+                         std::find(g.nodes.begin(), g.nodes.end(), keep);
             bool overlap = o < off[keep] + mgl::nbytes(*keep) && off[keep] < o + mgl::nbytes(*t);
             if (after) CHECK_FALSE(overlap);
         }
@@ -170,10 +171,20 @@ TEST_CASE("mgl plan_allocation: random graphs never overlap live tensors") {
             mgl::tensor* b = pool[rng() % pool.size()];
             mgl::tensor* t = nullptr;
             switch (rng() % 4) {
-                case 0: t = mgl::add(ctx, a, b); break;
-                case 1: t = mgl::scale(ctx, a, 0.5f); break;
-                case 2: t = mgl::reshape(ctx, mgl::contiguous(ctx, mgl::transpose(ctx, a, 0, 1)), {8, 32}); break;
-                default: t = mgl::concat(ctx, mgl::slice(ctx, a, 1, 0, 16), mgl::slice(ctx, b, 1, 16, 16), 1); break;
+                case 0:
+                    t = mgl::add(ctx, a, b);
+                    break;
+                case 1:
+                    t = mgl::scale(ctx, a, 0.5f);
+                    break;
+                case 2:
+                    t = mgl::reshape(ctx, mgl::contiguous(ctx, mgl::transpose(ctx, a, 0, 1)),
+                                     {8, 32});
+                    break;
+                default:
+                    t = mgl::concat(ctx, mgl::slice(ctx, a, 1, 0, 16),
+                                    mgl::slice(ctx, b, 1, 16, 16), 1);
+                    break;
             }
             t->name = std::to_string(i);
             pool.push_back(t);
@@ -265,10 +276,11 @@ TEST_CASE("mgl thread pool: chunks cover the range once; exceptions reach the ca
             });
             for (auto& h : hits) CHECK(h.load() == 1);
         }
-        CHECK_THROWS_AS(pool.parallel_for(100, [](int64_t b, int64_t) {
-            if (b > 0) throw mgl::error("boom");
-            if (b == 0) throw mgl::error("boom0");
-        }),
+        CHECK_THROWS_AS(pool.parallel_for(100,
+                                          [](int64_t b, int64_t) {
+                                              if (b > 0) throw mgl::error("boom");
+                                              if (b == 0) throw mgl::error("boom0");
+                                          }),
                         mgl::error);
         // The pool is still usable after an exception.
         std::atomic<int64_t> total{0};

@@ -13,8 +13,9 @@ namespace {
 struct reference {
     std::vector<double> y, budget;
 };
-reference ref_matmul(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& scale,
-                     int64_t G, int64_t M, int64_t K, int64_t B, int64_t N) {
+reference ref_matmul(const std::vector<double>& x, const std::vector<double>& w,
+                     const std::vector<double>& scale, int64_t G, int64_t M, int64_t K, int64_t B,
+                     int64_t N) {
     reference r;
     for (int64_t g = 0; g < G; ++g) {
         int64_t b = g % B;
@@ -50,7 +51,9 @@ void check_matmul(const std::vector<float>& got, const reference& want) {
     CHECK(bad == 0);
 }
 
-std::vector<double> scales_of(mgl::tensor* s) { return s ? harness::read_all(*s) : std::vector<double>{}; }
+std::vector<double> scales_of(mgl::tensor* s) {
+    return s ? harness::read_all(*s) : std::vector<double>{};
+}
 
 }  // namespace
 
@@ -63,20 +66,22 @@ TEST_CASE("mgl matmul: f32, bf16 and f8_e4m3 weights, odd sizes, every kernel se
         uint64_t seed = 100;
         for (dtype wt : {dtype::f32, dtype::bf16, dtype::f8_e4m3}) {
             CAPTURE(mgl::dtype_name(wt));
-            for (dims d : {dims{1, 7, 5}, dims{1, 19, 96}, dims{3, 33, 67}, dims{5, 17, 129}, dims{37, 9, 80},
-                           dims{6, 5, 300}}) {
+            for (dims d : {dims{1, 7, 5}, dims{1, 19, 96}, dims{3, 33, 67}, dims{5, 17, 129},
+                           dims{37, 9, 80}, dims{6, 5, 300}}) {
                 CAPTURE(d.M);
                 CAPTURE(d.K);
                 harness h(mgl::cpu::make_cpu_backend_with(2, ks));
                 mgl::tensor* x = h.random(dtype::f32, {d.M, d.K}, ++seed, -1.0f, 1.0f, "x");
                 mgl::tensor* w = h.random(wt, {d.N, d.K}, ++seed, -2.0f, 2.0f);
-                mgl::tensor* s = wt == dtype::f8_e4m3 ? h.random(dtype::f32, {d.N}, ++seed, 0.01f, 0.1f, "s") : nullptr;
+                mgl::tensor* s = wt == dtype::f8_e4m3
+                                     ? h.random(dtype::f32, {d.N}, ++seed, 0.01f, 0.1f, "s")
+                                     : nullptr;
                 mgl::tensor* y = mgl::matmul(h.ctx, x, w, s);
                 CHECK(y->shape[0] == d.M);
                 CHECK(y->shape[1] == d.N);
                 auto got = h.run(y);
-                check_matmul(got, ref_matmul(harness::read_all(*x), harness::read_all(*w), scales_of(s), 1, d.M, d.K,
-                                             1, d.N));
+                check_matmul(got, ref_matmul(harness::read_all(*x), harness::read_all(*w),
+                                             scales_of(s), 1, d.M, d.K, 1, d.N));
             }
         }
     }
@@ -98,7 +103,8 @@ TEST_CASE("mgl matmul: batched weights [B, N, K] with x [B, M, K] and [2, B, M, 
             harness h(mgl::cpu::make_cpu_backend_with(2, ks));
             const int64_t B = 3, M = 2, N = 11, K = 41;
             mgl::tensor* w = h.random(wt, {B, N, K}, 7);
-            mgl::tensor* s = wt == dtype::f8_e4m3 ? h.random(dtype::f32, {B, N}, 8, 0.5f, 2.0f, "s") : nullptr;
+            mgl::tensor* s =
+                wt == dtype::f8_e4m3 ? h.random(dtype::f32, {B, N}, 8, 0.5f, 2.0f, "s") : nullptr;
             mgl::tensor* x3 = h.random(dtype::f32, {B, M, K}, 9);
             mgl::tensor* x4 = h.random(dtype::f32, {2, B, M, K}, 10);
             auto wd = harness::read_all(*w);
@@ -125,30 +131,44 @@ TEST_CASE("mgl matmul: permuted and inner-strided x") {
     mgl::tensor* x = mgl::transpose(h.ctx, xt, 0, 1);  // [T, K], K stride = T floats
     mgl::tensor* w2 = h.random(dtype::f8_e4m3, {N, K}, 24);
     mgl::tensor* s2 = h.random(dtype::f32, {N}, 25, 0.1f, 1.0f, "s");
-    auto got2 = h.run(mgl::matmul(h.ctx, x, w2, s2));  // runs first: it resolves the views' addresses
-    check_matmul(got2,
-                 ref_matmul(harness::read_all(*x), harness::read_all(*w2), scales_of(s2), 1, T, K, 1, N));
+    auto got2 =
+        h.run(mgl::matmul(h.ctx, x, w2, s2));  // runs first: it resolves the views' addresses
+    check_matmul(got2, ref_matmul(harness::read_all(*x), harness::read_all(*w2), scales_of(s2), 1,
+                                  T, K, 1, N));
 }
 
-TEST_CASE("mgl matmul: W_uk and W_uv taken as strided views of a bf16 W_kv_b") {
+TEST_CASE(
+    "mgl matmul: W_uk and W_uv taken as strided views of W_kv_b, every dtype and kernel set") {
     // DeepSeek-V2's absorbed MLA: W_kv_b [H·(nope+v), r] -> [H, nope+v, r]; W_uk = rows [0, nope)
     // used transposed ([H, r, nope], K stride r elements), W_uv = rows [nope, nope+v) used as is.
-    const int64_t H = 3, nope = 10, v = 7, r = 19, T = 4;
-    for (dtype wt : {dtype::bf16, dtype::f32}) {
-        harness h;
-        mgl::tensor* kv_b = h.random(wt, {H * (nope + v), r}, 31, -1.0f, 1.0f, "kv_b_proj.weight");
-        mgl::tensor* per_head = mgl::reshape(h.ctx, kv_b, {H, nope + v, r});
-        mgl::tensor* w_uk = mgl::transpose(h.ctx, mgl::slice(h.ctx, per_head, 1, 0, nope), 1, 2);  // [H, r, nope]
-        mgl::tensor* w_uv = mgl::slice(h.ctx, per_head, 1, nope, v);                               // [H, v, r]
-        CHECK_FALSE(w_uk->is_contiguous());
-        mgl::tensor* q_nope = h.random(dtype::f32, {H, T, nope}, 32);
-        mgl::tensor* q_lat = mgl::matmul(h.ctx, q_nope, w_uk);  // [H, T, r]
-        auto got_lat = h.run(q_lat);
-        check_matmul(got_lat, ref_matmul(harness::read_all(*q_nope), harness::read_all(*w_uk), {}, H, T, nope, H, r));
-        mgl::tensor* o_lat = h.random(dtype::f32, {H, T, r}, 33);
-        mgl::tensor* o = mgl::matmul(h.ctx, o_lat, w_uv);  // [H, T, v]
-        auto got_o = h.run(o);
-        check_matmul(got_o, ref_matmul(harness::read_all(*o_lat), harness::read_all(*w_uv), {}, H, T, r, H, v));
+    // r = 291 spans a full 256-output block of the transposed kernels plus an odd tail.
+    const int64_t H = 3, nope = 10, v = 7, r = 291, T = 4;
+    for (const auto& ks : mgl::cpu::available_matmul_kernels()) {
+        CAPTURE(ks.isa);
+        for (dtype wt : {dtype::bf16, dtype::f32, dtype::f8_e4m3}) {
+            CAPTURE(mgl::dtype_name(wt));
+            harness h(mgl::cpu::make_cpu_backend_with(2, ks));
+            mgl::tensor* kv_b =
+                h.random(wt, {H * (nope + v), r}, 31, -1.0f, 1.0f, "kv_b_proj.weight");
+            mgl::tensor* per_head = mgl::reshape(h.ctx, kv_b, {H, nope + v, r});
+            mgl::tensor* w_uk = mgl::transpose(h.ctx, mgl::slice(h.ctx, per_head, 1, 0, nope), 1,
+                                               2);                        // [H, r, nope]
+            mgl::tensor* w_uv = mgl::slice(h.ctx, per_head, 1, nope, v);  // [H, v, r]
+            CHECK_FALSE(w_uk->is_contiguous());
+            // An f8 weight's scale is per output row of the view ([H, r] for W_uk).
+            mgl::tensor* s_uk =
+                wt == dtype::f8_e4m3 ? h.random(dtype::f32, {H, r}, 34, 0.5f, 2.0f, "s") : nullptr;
+            mgl::tensor* q_nope = h.random(dtype::f32, {H, T, nope}, 32);
+            mgl::tensor* q_lat = mgl::matmul(h.ctx, q_nope, w_uk, s_uk);  // [H, T, r]
+            auto got_lat = h.run(q_lat);
+            check_matmul(got_lat, ref_matmul(harness::read_all(*q_nope), harness::read_all(*w_uk),
+                                             scales_of(s_uk), H, T, nope, H, r));
+            mgl::tensor* o_lat = h.random(dtype::f32, {H, T, r}, 33);
+            mgl::tensor* o = mgl::matmul(h.ctx, o_lat, w_uv);  // [H, T, v]
+            auto got_o = h.run(o);
+            check_matmul(got_o, ref_matmul(harness::read_all(*o_lat), harness::read_all(*w_uv), {},
+                                           H, T, r, H, v));
+        }
     }
 }
 
@@ -169,11 +189,14 @@ TEST_CASE("mgl matmul: shape and dtype mismatches are refused when recorded") {
     mgl::tensor* x = ctx.new_tensor(dtype::f32, {2, 8});
     CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::bf16, {4, 9})), mgl::error);
     CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::f16, {4, 8})), mgl::error);
-    CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::bf16, {3, 4, 8})), mgl::error);  // no batch dim in x
-    CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::f8_e4m3, {4, 8}), ctx.new_tensor(dtype::f32, {5})),
+    CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::bf16, {3, 4, 8})),
+                    mgl::error);  // no batch dim in x
+    CHECK_THROWS_AS(mgl::matmul(ctx, x, ctx.new_tensor(dtype::f8_e4m3, {4, 8}),
+                                ctx.new_tensor(dtype::f32, {5})),
                     mgl::error);
-    CHECK_THROWS_AS(mgl::matmul(ctx, ctx.new_tensor(dtype::bf16, {2, 8}), ctx.new_tensor(dtype::f32, {4, 8})),
-                    mgl::error);
+    CHECK_THROWS_AS(
+        mgl::matmul(ctx, ctx.new_tensor(dtype::bf16, {2, 8}), ctx.new_tensor(dtype::f32, {4, 8})),
+        mgl::error);
 }
 
 TEST_CASE("mgl matmul: every finite E4M3 code decodes correctly inside each SIMD kernel") {

@@ -21,8 +21,8 @@ std::vector<int32_t> as_ints(const std::vector<float>& v) {
 TEST_CASE("mgl moe_topk greedy: descending by probability, ties go to the lower id") {
     harness h;
     // Row 0 has a three-way tie at 0.2 (ids 1, 4, 6); row 1 is random.
-    std::vector<float> probs = {0.05f, 0.2f, 0.1f, 0.05f, 0.2f, 0.15f, 0.2f, 0.05f,
-                                0.01f, 0.3f, 0.02f, 0.25f, 0.12f, 0.1f, 0.1f,  0.1f};
+    std::vector<float> probs = {0.05f, 0.2f, 0.1f,  0.05f, 0.2f,  0.15f, 0.2f, 0.05f,
+                                0.01f, 0.3f, 0.02f, 0.25f, 0.12f, 0.1f,  0.1f, 0.1f};
     mgl::moe_route_params p;
     p.k = 3;
     auto ids = as_ints(h.run(mgl::moe_topk(h.ctx, h.f32({2, 8}, probs, "probs"), p)));
@@ -69,13 +69,15 @@ TEST_CASE("mgl moe_topk group_limited_greedy: only experts of the best groups") 
     q.n_group = 3;
     q.topk_group = 1;
     q.k = 2;
-    CHECK(as_ints(h.run(mgl::moe_topk(h.ctx, h.f32({1, 6}, row, "probs"), q))) == std::vector<int32_t>{0, 1});
+    CHECK(as_ints(h.run(mgl::moe_topk(h.ctx, h.f32({1, 6}, row, "probs"), q))) ==
+          std::vector<int32_t>{0, 1});
     std::vector<float> row2 = {0.05f, 0.06f, 0.40f, 0.0f, 0.10f, 0.39f};
     // Group maxima 0.06, 0.40, 0.39: keep g1 and g2, so expert 4 (0.10) is chosen over
     // expert 1 (0.06) and the order is 2, 5, 4.
     q.topk_group = 2;
     q.k = 3;
-    CHECK(as_ints(h.run(mgl::moe_topk(h.ctx, h.f32({1, 6}, row2, "probs"), q))) == std::vector<int32_t>{2, 5, 4});
+    CHECK(as_ints(h.run(mgl::moe_topk(h.ctx, h.f32({1, 6}, row2, "probs"), q))) ==
+          std::vector<int32_t>{2, 5, 4});
     mgl::context ctx;
     q.k = 5;  // more than two groups of two can hold
     CHECK_THROWS_AS(mgl::moe_topk(ctx, ctx.new_tensor(dtype::f32, {1, 6}), q), mgl::error);
@@ -136,7 +138,8 @@ struct expert_fixture {
                 int64_t rows = which == 2 ? D : F, cols = which == 2 ? F : D;
                 auto v = minids::test::random_floats(size_t(rows * cols), seed++, -0.5f, 0.5f);
                 auto& blob = blobs.emplace_back(v.size() * mgl::dtype_size(type));
-                auto& sc = scales.emplace_back(minids::test::random_floats(size_t(rows), seed++, 0.02f, 0.2f));
+                auto& sc = scales.emplace_back(
+                    minids::test::random_floats(size_t(rows), seed++, 0.02f, 0.2f));
                 for (size_t i = 0; i < v.size(); ++i) {
                     float q = v[i];
                     if (type == dtype::f32) {
@@ -175,7 +178,8 @@ struct expert_fixture {
             hmid[size_t(f)] = g / (1 + std::exp(-g)) * u;
         }
         for (int64_t d = 0; d < D; ++d)
-            for (int64_t f = 0; f < F; ++f) y[size_t(d)] += real[size_t(e)][2][size_t(d * F + f)] * hmid[size_t(f)];
+            for (int64_t f = 0; f < F; ++f)
+                y[size_t(d)] += real[size_t(e)][2][size_t(d * F + f)] * hmid[size_t(f)];
         return y;
     }
 };
@@ -200,7 +204,8 @@ TEST_CASE("mgl moe_experts: weighted sum of SwiGLU experts for f32, bf16 and f8_
         for (int64_t t = 0; t < T; ++t)
             for (int64_t i = 0; i < k; ++i) {
                 auto y = ex.expert_out(ids[size_t(t * k + i)], xv.data() + t * D);
-                for (int64_t d = 0; d < D; ++d) want[size_t(t * D + d)] += wv[size_t(t * k + i)] * y[size_t(d)];
+                for (int64_t d = 0; d < D; ++d)
+                    want[size_t(t * D + d)] += wv[size_t(t * k + i)] * y[size_t(d)];
             }
         check_close(got, want, 1e-5, 1e-4);
     }
@@ -212,13 +217,16 @@ TEST_CASE("mgl moe_experts: a missing expert or an out-of-range id is an error")
     ex.set->experts[1].up = nullptr;
     mgl::tensor* x = h.random(dtype::f32, {1, 8}, 231);
     mgl::tensor* w = h.f32({1, 1}, {1.0f}, "w");
-    CHECK_THROWS_AS(h.run(mgl::moe_experts(h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{1}.data(), 4), w,
-                                           ex.set)),
-                    mgl::error);
-    CHECK_THROWS_AS(h.run(mgl::moe_experts(h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{3}.data(), 4), w,
-                                           ex.set)),
-                    mgl::error);
-    auto ok = h.run(mgl::moe_experts(h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{2}.data(), 4), w, ex.set));
+    CHECK_THROWS_AS(
+        h.run(mgl::moe_experts(
+            h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{1}.data(), 4), w, ex.set)),
+        mgl::error);
+    CHECK_THROWS_AS(
+        h.run(mgl::moe_experts(
+            h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{3}.data(), 4), w, ex.set)),
+        mgl::error);
+    auto ok = h.run(mgl::moe_experts(
+        h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{2}.data(), 4), w, ex.set));
     auto xv = harness::read_all(*x);
     auto want = ex.expert_out(2, xv.data());
     check_close(ok, want, 1e-5, 1e-4);

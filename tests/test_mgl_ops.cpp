@@ -15,7 +15,8 @@ TEST_CASE("mgl get_rows: f32, f16, bf16 tables and an f8 table with per-row scal
         CAPTURE(mgl::dtype_name(t));
         harness h;
         mgl::tensor* table = h.random(t, {V, D}, 51, -3.0f, 3.0f, "embed");
-        mgl::tensor* scale = t == dtype::f8_e4m3 ? h.random(dtype::f32, {V}, 52, 0.5f, 2.0f, "s") : nullptr;
+        mgl::tensor* scale =
+            t == dtype::f8_e4m3 ? h.random(dtype::f32, {V}, 52, 0.5f, 2.0f, "s") : nullptr;
         auto got = h.run(mgl::get_rows(h.ctx, table, h.i32({5}, ids), scale));
         auto tv = harness::read_all(*table);
         auto sv = scale ? harness::read_all(*scale) : std::vector<double>(size_t(V), 1.0);
@@ -47,18 +48,30 @@ TEST_CASE("mgl add and mul: broadcasting over outer dims, permuted inputs") {
     for (int variant = 0; variant < 4; ++variant) {
         mgl::tensor* b = nullptr;
         switch (variant) {
-            case 0: b = h.random(dtype::f32, {A, B, C}, 62); break;
-            case 1: b = h.random(dtype::f32, {C}, 63); break;
-            case 2: b = h.random(dtype::f32, {B, 1}, 64); break;
-            default: b = h.random(dtype::f32, {A, 1, C}, 65); break;
+            case 0:
+                b = h.random(dtype::f32, {A, B, C}, 62);
+                break;
+            case 1:
+                b = h.random(dtype::f32, {C}, 63);
+                break;
+            case 2:
+                b = h.random(dtype::f32, {B, 1}, 64);
+                break;
+            default:
+                b = h.random(dtype::f32, {A, 1, C}, 65);
+                break;
         }
         auto bv = harness::read_all(*b);
         auto b_at = [&](int64_t i, int64_t j, int64_t k) {
             switch (variant) {
-                case 0: return bv[size_t((i * B + j) * C + k)];
-                case 1: return bv[size_t(k)];
-                case 2: return bv[size_t(j)];
-                default: return bv[size_t(i * C + k)];
+                case 0:
+                    return bv[size_t((i * B + j) * C + k)];
+                case 1:
+                    return bv[size_t(k)];
+                case 2:
+                    return bv[size_t(j)];
+                default:
+                    return bv[size_t(i * C + k)];
             }
         };
         auto sum = h.run(mgl::add(h.ctx, a, b));
@@ -83,10 +96,13 @@ TEST_CASE("mgl add and mul: broadcasting over outer dims, permuted inputs") {
     std::vector<double> want;
     for (int64_t k = 0; k < C; ++k)
         for (int64_t j = 0; j < B; ++j)
-            for (int64_t i = 0; i < A; ++i) want.push_back(av[size_t((i * B + j) * C + k)] + bv[size_t(i)]);
+            for (int64_t i = 0; i < A; ++i)
+                want.push_back(av[size_t((i * B + j) * C + k)] + bv[size_t(i)]);
     check_close(got, want, 1e-6);
     mgl::context ctx;
-    CHECK_THROWS_AS(mgl::add(ctx, ctx.new_tensor(dtype::f32, {3, 4}), ctx.new_tensor(dtype::f32, {3})), mgl::error);
+    CHECK_THROWS_AS(
+        mgl::add(ctx, ctx.new_tensor(dtype::f32, {3, 4}), ctx.new_tensor(dtype::f32, {3})),
+        mgl::error);
 }
 
 TEST_CASE("mgl scale: contiguous and sliced input") {
@@ -108,7 +124,7 @@ TEST_CASE("mgl rms_norm: f32, bf16 or no weight; sliced input") {
         harness h;
         mgl::tensor* full = h.random(dtype::f32, {T, D + 4}, 81, -2.0f, 2.0f);
         mgl::tensor* x = mgl::slice(h.ctx, full, 1, 3, D);  // rows not contiguous with each other
-        mgl::tensor* w = wkind == 0 ? h.random(dtype::f32, {D}, 82, 0.5f, 1.5f)
+        mgl::tensor* w = wkind == 0   ? h.random(dtype::f32, {D}, 82, 0.5f, 1.5f)
                          : wkind == 1 ? h.random(dtype::bf16, {D}, 83, 0.5f, 1.5f)
                                       : nullptr;
         auto got = h.run(mgl::rms_norm(h.ctx, x, w, eps));
@@ -119,7 +135,8 @@ TEST_CASE("mgl rms_norm: f32, bf16 or no weight; sliced input") {
             double ss = 0;
             for (int64_t d = 0; d < D; ++d) ss += xv[size_t(t * D + d)] * xv[size_t(t * D + d)];
             double inv = 1.0 / std::sqrt(ss / double(D) + double(eps));
-            for (int64_t d = 0; d < D; ++d) want.push_back(wv[size_t(d)] * xv[size_t(t * D + d)] * inv);
+            for (int64_t d = 0; d < D; ++d)
+                want.push_back(wv[size_t(d)] * xv[size_t(t * D + d)] * inv);
         }
         CAPTURE(wkind);
         check_close(got, want, 1e-6, 1e-5);
@@ -128,8 +145,8 @@ TEST_CASE("mgl rms_norm: f32, bf16 or no weight; sliced input") {
 
 namespace {
 
-std::vector<double> ref_rope(const std::vector<double>& x, const std::vector<int32_t>& pos, int64_t H, int64_t d,
-                             const mgl::rope_params& p) {
+std::vector<double> ref_rope(const std::vector<double>& x, const std::vector<int32_t>& pos,
+                             int64_t H, int64_t d, const mgl::rope_params& p) {
     std::vector<double> out(x.size());
     for (size_t t = 0; t < pos.size(); ++t)
         for (int64_t h = 0; h < H; ++h)
@@ -170,7 +187,9 @@ namespace {
 // DESIGN.md's YaRN formula, written out again in double.
 std::vector<double> yarn_by_hand(int d, double base, double factor, double orig, double beta_fast,
                                  double beta_slow) {
-    auto corr = [&](double n) { return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base)); };
+    auto corr = [&](double n) {
+        return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base));
+    };
     double low = std::max(std::floor(corr(beta_fast)), 0.0);
     double high = std::min(std::ceil(corr(beta_slow)), double(d - 1));
     if (low == high) high += 0.001;
@@ -188,15 +207,18 @@ std::vector<double> yarn_by_hand(int d, double base, double factor, double orig,
 TEST_CASE("mgl rope_params_yarn: DeepSeek-V2-Lite's table against a hand computation") {
     // V2-Lite: d = 64, base 10000, factor 40, orig 4096, beta_fast 32, beta_slow 1,
     // mscale = mscale_all_dim = 0.707 -> attn_factor exactly 1.
-    mgl::rope_params p = mgl::rope_params_yarn(64, 10000.0f, 40.0f, 4096, 32.0f, 1.0f, 0.707f, 0.707f);
+    mgl::rope_params p =
+        mgl::rope_params_yarn(64, 10000.0f, 40.0f, 4096, 32.0f, 1.0f, 0.707f, 0.707f);
     auto want = yarn_by_hand(64, 10000.0, 40.0, 4096.0, 32.0, 1.0);
     REQUIRE(p.inv_freq.size() == 32);
     CHECK(p.n_dims == 64);
-    for (size_t i = 0; i < want.size(); ++i) CHECK(double(p.inv_freq[i]) == doctest::Approx(want[i]).epsilon(1e-6));
+    for (size_t i = 0; i < want.size(); ++i)
+        CHECK(double(p.inv_freq[i]) == doctest::Approx(want[i]).epsilon(1e-6));
     CHECK(p.attn_factor == doctest::Approx(1.0));
     // The two ends: i = 0 keeps the original frequency, the last is fully interpolated.
     CHECK(double(p.inv_freq[0]) == doctest::Approx(1.0).epsilon(1e-7));
-    CHECK(double(p.inv_freq[31]) == doctest::Approx(std::pow(10000.0, -62.0 / 64) / 40).epsilon(1e-6));
+    CHECK(double(p.inv_freq[31]) ==
+          doctest::Approx(std::pow(10000.0, -62.0 / 64) / 40).epsilon(1e-6));
     // Different mscales: attn_factor = mscale(40, 1) / mscale(40, 0.5).
     mgl::rope_params q = mgl::rope_params_yarn(64, 10000.0f, 40.0f, 4096, 32.0f, 1.0f, 1.0f, 0.5f);
     CHECK(double(q.attn_factor) ==
@@ -208,21 +230,27 @@ TEST_CASE("mgl rope_params_yarn: low == high takes the +0.001 branch") {
     // beta_fast = beta_slow = 8 gives floor(c) == ceil(c) only when c is an integer, so pick
     // beta values whose floor/ceil meet: c(9) = 3.53.. -> floor 3; c(12) = 3.28.. -> ceil 4. Use
     // beta_slow with c in (2, 3] so ceil = 3 == floor(c(beta_fast)).
-    auto corr = [](double n) { return 16 * std::log(4096.0 / (2 * std::numbers::pi * n)) / (2 * std::log(10000.0)); };
+    auto corr = [](double n) {
+        return 16 * std::log(4096.0 / (2 * std::numbers::pi * n)) / (2 * std::log(10000.0));
+    };
     double beta_fast = 9.0, beta_slow = 30.0;  // c(9) ≈ 3.53 -> low 3; c(30) ≈ 2.93 -> high 3
     REQUIRE(std::floor(corr(beta_fast)) == 3.0);
     REQUIRE(std::ceil(corr(beta_slow)) == 3.0);
-    mgl::rope_params p = mgl::rope_params_yarn(16, 10000.0f, 4.0f, 4096, float(beta_fast), float(beta_slow), 1.0f, 0.0f);
+    mgl::rope_params p = mgl::rope_params_yarn(16, 10000.0f, 4.0f, 4096, float(beta_fast),
+                                               float(beta_slow), 1.0f, 0.0f);
     auto want = yarn_by_hand(16, 10000.0, 4.0, 4096.0, beta_fast, beta_slow);
-    for (size_t i = 0; i < want.size(); ++i) CHECK(double(p.inv_freq[i]) == doctest::Approx(want[i]).epsilon(1e-6));
+    for (size_t i = 0; i < want.size(); ++i)
+        CHECK(double(p.inv_freq[i]) == doctest::Approx(want[i]).epsilon(1e-6));
     // i <= 3 extrapolated (original), i >= 4 interpolated (divided by the factor).
     CHECK(double(p.inv_freq[3]) == doctest::Approx(std::pow(10000.0, -6.0 / 16)).epsilon(1e-6));
     CHECK(double(p.inv_freq[4]) == doctest::Approx(std::pow(10000.0, -8.0 / 16) / 4).epsilon(1e-6));
-    CHECK(p.attn_factor == doctest::Approx(0.1 * std::log(4.0) + 1).epsilon(1e-6));  // mscale_all_dim 0 -> 1
+    CHECK(p.attn_factor ==
+          doctest::Approx(0.1 * std::log(4.0) + 1).epsilon(1e-6));  // mscale_all_dim 0 -> 1
     mgl::rope_params plain = mgl::rope_params_plain(16, 500.0f);
     CHECK(double(plain.inv_freq[5]) == doctest::Approx(std::pow(500.0, -10.0 / 16)).epsilon(1e-6));
     CHECK(mgl::yarn_mscale(1.0f, 0.707f) == 1.0f);
-    CHECK(double(mgl::yarn_mscale(40.0f, 0.707f)) == doctest::Approx(0.0707 * std::log(40.0) + 1).epsilon(1e-6));
+    CHECK(double(mgl::yarn_mscale(40.0f, 0.707f)) ==
+          doctest::Approx(0.0707 * std::log(40.0) + 1).epsilon(1e-6));
 }
 
 TEST_CASE("mgl softmax: scaled rows, and causal with an n_past offset") {
@@ -237,10 +265,14 @@ TEST_CASE("mgl softmax: scaled rows, and causal with an n_past offset") {
         for (int64_t hq = 0; hq < Hh * Tq; ++hq) {
             int64_t visible = causal ? std::min(Tk, hq % Tq + n_past + 1) : Tk;
             double mx = -1e300, sum = 0;
-            for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, xv[size_t(hq * Tk + j)] * double(0.6f));
-            for (int64_t j = 0; j < visible; ++j) sum += std::exp(xv[size_t(hq * Tk + j)] * double(0.6f) - mx);
+            for (int64_t j = 0; j < visible; ++j)
+                mx = std::max(mx, xv[size_t(hq * Tk + j)] * double(0.6f));
+            for (int64_t j = 0; j < visible; ++j)
+                sum += std::exp(xv[size_t(hq * Tk + j)] * double(0.6f) - mx);
             for (int64_t j = 0; j < Tk; ++j)
-                want.push_back(j < visible ? std::exp(xv[size_t(hq * Tk + j)] * double(0.6f) - mx) / sum : 0.0);
+                want.push_back(j < visible
+                                   ? std::exp(xv[size_t(hq * Tk + j)] * double(0.6f) - mx) / sum
+                                   : 0.0);
         }
         CAPTURE(causal);
         check_close(got, want, 1e-6, 1e-5);

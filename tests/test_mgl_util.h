@@ -22,8 +22,8 @@ struct harness {
     explicit harness(int n_threads = 2) : be(mgl::make_cpu_backend(n_threads)) {}
     explicit harness(std::unique_ptr<mgl::backend> backend) : be(std::move(backend)) {}
 
-    mgl::tensor* leaf(mgl::dtype type, std::initializer_list<int64_t> shape, const void* bytes, size_t n,
-                      const char* name = "leaf") {
+    mgl::tensor* leaf(mgl::dtype type, std::initializer_list<int64_t> shape, const void* bytes,
+                      size_t n, const char* name = "leaf") {
         mgl::tensor* t = ctx.new_tensor(type, shape, name);
         REQUIRE(n == mgl::nbytes(*t));
         auto& mem = storage.emplace_back(n + 64);  // slack so views past the end would be caught by
@@ -31,22 +31,26 @@ struct harness {
         t->data = mem.data();
         return t;
     }
-    mgl::tensor* f32(std::initializer_list<int64_t> shape, const std::vector<float>& v, const char* name = "x") {
+    mgl::tensor* f32(std::initializer_list<int64_t> shape, const std::vector<float>& v,
+                     const char* name = "x") {
         return leaf(mgl::dtype::f32, shape, v.data(), v.size() * 4, name);
     }
-    mgl::tensor* i32(std::initializer_list<int64_t> shape, const std::vector<int32_t>& v, const char* name = "ids") {
+    mgl::tensor* i32(std::initializer_list<int64_t> shape, const std::vector<int32_t>& v,
+                     const char* name = "ids") {
         return leaf(mgl::dtype::i32, shape, v.data(), v.size() * 4, name);
     }
     // Random f32 values, stored as `type` (f32, bf16, f16 or f8_e4m3).
-    mgl::tensor* random(mgl::dtype type, std::initializer_list<int64_t> shape, uint64_t seed, float lo = -1.0f,
-                        float hi = 1.0f, const char* name = "w") {
+    mgl::tensor* random(mgl::dtype type, std::initializer_list<int64_t> shape, uint64_t seed,
+                        float lo = -1.0f, float hi = 1.0f, const char* name = "w") {
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         auto v = minids::test::random_floats(size_t(n), seed, lo, hi);
         std::vector<uint8_t> bytes(size_t(n) * mgl::dtype_size(type));
         for (size_t i = 0; i < v.size(); ++i) {
             switch (type) {
-                case mgl::dtype::f32: std::memcpy(&bytes[i * 4], &v[i], 4); break;
+                case mgl::dtype::f32:
+                    std::memcpy(&bytes[i * 4], &v[i], 4);
+                    break;
                 case mgl::dtype::bf16: {
                     uint16_t h = mgl::f32_to_bf16(v[i]);
                     std::memcpy(&bytes[i * 2], &h, 2);
@@ -57,8 +61,11 @@ struct harness {
                     std::memcpy(&bytes[i * 2], &h, 2);
                     break;
                 }
-                case mgl::dtype::f8_e4m3: bytes[i] = mgl::f32_to_e4m3(v[i]); break;
-                case mgl::dtype::i32: FAIL("random i32 not supported");
+                case mgl::dtype::f8_e4m3:
+                    bytes[i] = mgl::f32_to_e4m3(v[i]);
+                    break;
+                case mgl::dtype::i32:
+                    FAIL("random i32 not supported");
             }
         }
         return leaf(type, shape, bytes.data(), bytes.size(), name);

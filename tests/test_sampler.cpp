@@ -135,7 +135,8 @@ TEST_CASE("sampler: repeat penalty divides positive and multiplies negative logi
     off.repeat_last_n = 0;
     Sampler u(off, 100);
     u.accept(0);
-    CHECK(u.candidates(logits)[0].p == doctest::Approx(std::exp(3.0) / (z - std::exp(-2.0) + std::exp(-1.0))).epsilon(1e-5));
+    CHECK(u.candidates(logits)[0].p ==
+          doctest::Approx(std::exp(3.0) / (z - std::exp(-2.0) + std::exp(-1.0))).epsilon(1e-5));
 }
 
 TEST_CASE("sampler: the same seed gives the same tokens, the draws follow the probabilities") {

@@ -17,7 +17,9 @@ public:
         // 64-byte alignment for SIMD loads; aligned_alloc needs a size that is a multiple of it.
         size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
         data_ = std::aligned_alloc(64, rounded);
-        if (!data_) throw error("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+        if (!data_)
+            throw error("cpu backend: cannot allocate " + std::to_string(bytes) +
+                        " bytes of host memory");
     }
     ~host_buffer() override { std::free(data_); }
     host_buffer(const host_buffer&) = delete;
@@ -33,15 +35,19 @@ private:
 class cpu_backend final : public backend {
 public:
     explicit cpu_backend(int n_threads) : pool_(n_threads), kernels_(cpu::best_matmul_kernels()) {}
-    cpu_backend(int n_threads, const cpu::matmul_kernels& kernels) : pool_(n_threads), kernels_(kernels) {}
+    cpu_backend(int n_threads, const cpu::matmul_kernels& kernels)
+        : pool_(n_threads), kernels_(kernels) {}
 
     const char* name() const override { return "cpu"; }
 
     bool supports_op(const tensor& node) const override {
         switch (node.op_kind) {
-            case op::count: return false;
-            case op::matmul: return kernels_.for_type(node.src[1] ? node.src[1]->type : dtype::i32) != nullptr;
-            default: return true;
+            case op::count:
+                return false;
+            case op::matmul:
+                return kernels_.for_type(node.src[1] ? node.src[1]->type : dtype::i32) != nullptr;
+            default:
+                return true;
         }
     }
 
@@ -49,16 +55,17 @@ public:
 
     void upload(tensor& t, const void* src, size_t offset, size_t n) override {
         MGL_CHECK(t.data != nullptr, "upload into '" + t.name + "', which has no memory");
-        MGL_CHECK(offset + n <= nbytes(t), "upload of " + std::to_string(n) + " bytes at " + std::to_string(offset) +
-                                               " into '" + t.name + "' of " + std::to_string(nbytes(t)) + " bytes");
+        MGL_CHECK(offset + n <= nbytes(t), "upload of " + std::to_string(n) + " bytes at " +
+                                               std::to_string(offset) + " into '" + t.name +
+                                               "' of " + std::to_string(nbytes(t)) + " bytes");
         std::memcpy(static_cast<char*>(t.data) + offset, src, n);
     }
 
     void download(const tensor& t, void* dst, size_t offset, size_t n) override {
         MGL_CHECK(t.data != nullptr, "download from '" + t.name + "', which has no memory");
         MGL_CHECK(offset + n <= nbytes(t), "download of " + std::to_string(n) + " bytes at " +
-                                               std::to_string(offset) + " from '" + t.name + "' of " +
-                                               std::to_string(nbytes(t)) + " bytes");
+                                               std::to_string(offset) + " from '" + t.name +
+                                               "' of " + std::to_string(nbytes(t)) + " bytes");
         std::memcpy(dst, static_cast<const char*>(t.data) + offset, n);
     }
 
@@ -90,25 +97,43 @@ private:
     static void run(cpu::exec_context& ex, tensor& n) {
         switch (n.op_kind) {
             case op::none:
-            case op::view: return;
-            case op::get_rows: return cpu::run_get_rows(ex, n);
-            case op::matmul: return cpu::run_matmul(ex, n);
+            case op::view:
+                return;
+            case op::get_rows:
+                return cpu::run_get_rows(ex, n);
+            case op::matmul:
+                return cpu::run_matmul(ex, n);
             case op::add:
-            case op::mul: return cpu::run_add_mul(ex, n);
-            case op::scale: return cpu::run_scale(ex, n);
-            case op::rms_norm: return cpu::run_rms_norm(ex, n);
-            case op::rope: return cpu::run_rope(ex, n);
-            case op::softmax: return cpu::run_softmax(ex, n);
-            case op::swiglu: return cpu::run_swiglu(ex, n);
-            case op::moe_topk: return cpu::run_moe_topk(ex, n);
-            case op::moe_weights: return cpu::run_moe_weights(ex, n);
-            case op::moe_experts: return cpu::run_moe_experts(ex, n);
-            case op::kv_store: return cpu::run_kv_store(ex, n);
-            case op::mla_attn: return cpu::run_mla_attn(ex, n);
-            case op::cpy: return cpu::run_cpy(ex, n);
-            case op::contiguous: return cpu::run_contiguous(ex, n);
-            case op::concat: return cpu::run_concat(ex, n);
-            case op::count: break;
+            case op::mul:
+                return cpu::run_add_mul(ex, n);
+            case op::scale:
+                return cpu::run_scale(ex, n);
+            case op::rms_norm:
+                return cpu::run_rms_norm(ex, n);
+            case op::rope:
+                return cpu::run_rope(ex, n);
+            case op::softmax:
+                return cpu::run_softmax(ex, n);
+            case op::swiglu:
+                return cpu::run_swiglu(ex, n);
+            case op::moe_topk:
+                return cpu::run_moe_topk(ex, n);
+            case op::moe_weights:
+                return cpu::run_moe_weights(ex, n);
+            case op::moe_experts:
+                return cpu::run_moe_experts(ex, n);
+            case op::kv_store:
+                return cpu::run_kv_store(ex, n);
+            case op::mla_attn:
+                return cpu::run_mla_attn(ex, n);
+            case op::cpy:
+                return cpu::run_cpy(ex, n);
+            case op::contiguous:
+                return cpu::run_contiguous(ex, n);
+            case op::concat:
+                return cpu::run_concat(ex, n);
+            case op::count:
+                break;
         }
         fail(__FILE__, __LINE__, std::string("cpu backend: unsupported op ") + op_name(n.op_kind));
     }

@@ -55,7 +55,8 @@ inline float load_f32(dtype t, const char* p) {
             std::memcpy(&h, p, sizeof h);
             return bf16_to_f32(h);
         }
-        case dtype::f8_e4m3: return e4m3_to_f32(uint8_t(*p));
+        case dtype::f8_e4m3:
+            return e4m3_to_f32(uint8_t(*p));
         case dtype::i32: {
             int32_t v;
             std::memcpy(&v, p, sizeof v);
@@ -67,7 +68,9 @@ inline float load_f32(dtype t, const char* p) {
 
 inline void store_f32(dtype t, char* p, float v) {
     switch (t) {
-        case dtype::f32: std::memcpy(p, &v, sizeof v); return;
+        case dtype::f32:
+            std::memcpy(p, &v, sizeof v);
+            return;
         case dtype::f16: {
             uint16_t h = f32_to_f16(v);
             std::memcpy(p, &h, sizeof h);
@@ -78,7 +81,9 @@ inline void store_f32(dtype t, char* p, float v) {
             std::memcpy(p, &h, sizeof h);
             return;
         }
-        case dtype::f8_e4m3: *reinterpret_cast<uint8_t*>(p) = f32_to_e4m3(v); return;
+        case dtype::f8_e4m3:
+            *reinterpret_cast<uint8_t*>(p) = f32_to_e4m3(v);
+            return;
         case dtype::i32: {
             auto i = int32_t(v);
             std::memcpy(p, &i, sizeof i);
@@ -128,6 +133,8 @@ inline void read_row(const tensor& t, int64_t row, float* dst) {
 }
 
 // Rows per parallel chunk so that each chunk has at least ~16k elements of work.
-inline int64_t rows_per_chunk(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_len, 1)); }
+inline int64_t rows_per_chunk(int64_t row_len) {
+    return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_len, 1));
+}
 
 }  // namespace mgl::cpu

@@ -24,17 +24,47 @@ namespace mgl::cpu {
 
 matmul_rows_fn matmul_kernels::for_type(dtype t) const {
     switch (t) {
-        case dtype::f32: return f32;
-        case dtype::bf16: return bf16;
-        case dtype::f8_e4m3: return f8_e4m3;
-        default: return nullptr;
+        case dtype::f32:
+            return f32;
+        case dtype::bf16:
+            return bf16;
+        case dtype::f8_e4m3:
+            return f8_e4m3;
+        default:
+            return nullptr;
+    }
+}
+
+matmul_cols_fn matmul_kernels::cols_for_type(dtype t) const {
+    switch (t) {
+        case dtype::f32:
+            return cols_f32;
+        case dtype::bf16:
+            return cols_bf16;
+        case dtype::f8_e4m3:
+            return cols_f8_e4m3;
+        default:
+            return nullptr;
     }
 }
 
 namespace {
 
+// Outputs per block of the transposed (cols) kernels: the accumulators stay in L1.
+constexpr int64_t n_block = 256;
+
 // x rows are processed in blocks so a block stays in cache while every weight row streams by.
 constexpr int64_t m_block = 32;
+
+// Software prefetch distance for the weight stream, in bytes. FP8 and BF16 rows do several times
+// more work per cache line than F32, so the hardware prefetcher alone keeps too few lines in
+// flight; prefetching this far ahead raised single-thread streaming rates (see docs/perf.md).
+constexpr int64_t prefetch_bytes = 4096;
+
+template <dtype T>
+constexpr int64_t element_bytes = T == dtype::f32    ? 4
+                                  : T == dtype::bf16 ? 2
+                                                     : 1;
 
 template <dtype T>
 float scalar_weight(const uint8_t* w, int64_t k) {
@@ -74,6 +104,24 @@ void rows_scalar(const matmul_job& j, int64_t n0, int64_t n1) {
     }
 }
 
+template <dtype T>
+void cols_scalar(const matmul_job& j, int64_t n0, int64_t n1) {
+    float acc[n_block];
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb);
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                for (int64_t i = 0; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
+        }
+    }
+}
+
 #ifdef MGL_X86
 
 // ----- AVX2 + FMA + F16C: 8 lanes -----
@@ -92,7 +140,8 @@ MGL_AVX2 inline __m256 load8(const uint8_t* w, int64_t k) {
     if constexpr (T == dtype::f32) {
         return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + k);
     } else if constexpr (T == dtype::bf16) {
-        __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + k));
+        __m128i h = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
         __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
@@ -114,14 +163,19 @@ MGL_AVX2 void dot_avx2(const matmul_job& j, const float* x, const uint8_t* w, fl
     __m256 acc[MB][U];
     for (int m = 0; m < MB; ++m)
         for (int u = 0; u < U; ++u) acc[m][u] = _mm256_setzero_ps();
+    constexpr int64_t elem = element_bytes<T>;
     int64_t k = 0;
     for (; k + 8 * U <= j.K; k += 8 * U) {
+        for (int64_t b = 0; b < 8 * U * elem; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes),
+                         _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m256 wv = load8<T>(w, k + 8 * u);
 #pragma GCC unroll 4
             for (int m = 0; m < MB; ++m)
-                acc[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * j.x_stride + k + 8 * u), wv, acc[m][u]);
+                acc[m][u] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(x + m * j.x_stride + k + 8 * u), wv, acc[m][u]);
         }
     }
     for (; k + 8 <= j.K; k += 8) {
@@ -134,7 +188,8 @@ MGL_AVX2 void dot_avx2(const matmul_job& j, const float* x, const uint8_t* w, fl
         for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[m][u]);
         float sum = hsum8(s);
         if constexpr (T == dtype::f8_e4m3) sum *= f8_via_f16_rescale;
-        for (int64_t kk = k; kk < j.K; ++kk) sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
+        for (int64_t kk = k; kk < j.K; ++kk)
+            sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
         out[m] = sum;
     }
 }
@@ -161,6 +216,30 @@ MGL_AVX2 void rows_avx2(const matmul_job& j, int64_t n0, int64_t n1) {
     }
 }
 
+template <dtype T>
+MGL_AVX2 void cols_avx2(const matmul_job& j, int64_t n0, int64_t n1) {
+    alignas(32) float acc[n_block];
+    // The SIMD loads of e4m3 give value·2^-8; scaling x by 2^8 is exact and undoes it.
+    const float simd_x_scale = T == dtype::f8_e4m3 ? f8_via_f16_rescale : 1.0f;
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb), nv = len / 8 * 8;
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                const __m256 xv = _mm256_set1_ps(x[k] * simd_x_scale);
+                for (int64_t i = 0; i < nv; i += 8)
+                    _mm256_store_ps(
+                        acc + i, _mm256_fmadd_ps(xv, load8<T>(w, nb + i), _mm256_load_ps(acc + i)));
+                for (int64_t i = nv; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
+        }
+    }
+}
+
 // ----- AVX-512 (F + BW + VL): 16 lanes -----
 #define MGL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
@@ -169,7 +248,8 @@ MGL_AVX512 inline __m512 load16(const uint8_t* w, int64_t k) {
     if constexpr (T == dtype::f32) {
         return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + k);
     } else if constexpr (T == dtype::bf16) {
-        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + k));
+        __m256i h = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + k));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     } else {
         __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
@@ -194,14 +274,19 @@ MGL_AVX512 void dot_avx512(const matmul_job& j, const float* x, const uint8_t* w
     __m512 acc[MB][U];
     for (int m = 0; m < MB; ++m)
         for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+    constexpr int64_t elem = element_bytes<T>;
     int64_t k = 0;
     for (; k + 16 * U <= j.K; k += 16 * U) {
+        for (int64_t b = 0; b < 16 * U * elem; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(w + k * elem + b + prefetch_bytes),
+                         _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
             __m512 wv = load16<T>(w, k + 16 * u);
 #pragma GCC unroll 4
             for (int m = 0; m < MB; ++m)
-                acc[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * j.x_stride + k + 16 * u), wv, acc[m][u]);
+                acc[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * j.x_stride + k + 16 * u), wv,
+                                            acc[m][u]);
         }
     }
     for (; k + 16 <= j.K; k += 16) {
@@ -214,7 +299,8 @@ MGL_AVX512 void dot_avx512(const matmul_job& j, const float* x, const uint8_t* w
         for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
         float sum = hsum16(s);
         if constexpr (T == dtype::f8_e4m3) sum *= f8_via_f16_rescale;
-        for (int64_t kk = k; kk < j.K; ++kk) sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
+        for (int64_t kk = k; kk < j.K; ++kk)
+            sum += x[m * j.x_stride + kk] * scalar_weight<T>(w, kk);
         out[m] = sum;
     }
 }
@@ -241,14 +327,39 @@ MGL_AVX512 void rows_avx512(const matmul_job& j, int64_t n0, int64_t n1) {
     }
 }
 
+template <dtype T>
+MGL_AVX512 void cols_avx512(const matmul_job& j, int64_t n0, int64_t n1) {
+    alignas(64) float acc[n_block];
+    const float simd_x_scale = T == dtype::f8_e4m3 ? f8_via_f16_rescale : 1.0f;
+    for (int64_t m = 0; m < j.M; ++m) {
+        const float* x = j.x + m * j.x_stride;
+        for (int64_t nb = n0; nb < n1; nb += n_block) {
+            const int64_t len = std::min(n_block, n1 - nb), nv = len / 16 * 16;
+            std::fill_n(acc, len, 0.0f);
+            for (int64_t k = 0; k < j.K; ++k) {
+                const uint8_t* w = j.w + k * j.w_row_stride;
+                const __m512 xv = _mm512_set1_ps(x[k] * simd_x_scale);
+                for (int64_t i = 0; i < nv; i += 16)
+                    _mm512_store_ps(acc + i, _mm512_fmadd_ps(xv, load16<T>(w, nb + i),
+                                                             _mm512_load_ps(acc + i)));
+                for (int64_t i = nv; i < len; ++i) acc[i] += x[k] * scalar_weight<T>(w, nb + i);
+            }
+            for (int64_t i = 0; i < len; ++i)
+                j.y[m * j.y_stride + nb + i] = acc[i] * (j.scale ? j.scale[nb + i] : 1.0f);
+        }
+    }
+}
+
 bool cpu_has_f16c() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // clang's __builtin_cpu_supports lacks "f16c"
     return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
 }
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c(); }
+bool cpu_has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+}
 bool cpu_has_avx512() {
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 #endif  // MGL_X86
@@ -256,15 +367,28 @@ bool cpu_has_avx512() {
 }  // namespace
 
 matmul_kernels scalar_matmul_kernels() {
-    return {"scalar", rows_scalar<dtype::f32>, rows_scalar<dtype::bf16>, rows_scalar<dtype::f8_e4m3>};
+    return {"scalar",
+            rows_scalar<dtype::f32>,
+            rows_scalar<dtype::bf16>,
+            rows_scalar<dtype::f8_e4m3>,
+            cols_scalar<dtype::f32>,
+            cols_scalar<dtype::bf16>,
+            cols_scalar<dtype::f8_e4m3>};
 }
 
 std::vector<matmul_kernels> available_matmul_kernels() {
     std::vector<matmul_kernels> sets{scalar_matmul_kernels()};
 #ifdef MGL_X86
-    if (cpu_has_avx2()) sets.push_back({"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>, rows_avx2<dtype::f8_e4m3>});
-    if (cpu_has_avx512())
-        sets.push_back({"avx512", rows_avx512<dtype::f32>, rows_avx512<dtype::bf16>, rows_avx512<dtype::f8_e4m3>});
+    if (cpu_has_avx2()) {
+        sets.push_back({"avx2", rows_avx2<dtype::f32>, rows_avx2<dtype::bf16>,
+                        rows_avx2<dtype::f8_e4m3>, cols_avx2<dtype::f32>, cols_avx2<dtype::bf16>,
+                        cols_avx2<dtype::f8_e4m3>});
+    }
+    if (cpu_has_avx512()) {
+        sets.push_back({"avx512", rows_avx512<dtype::f32>, rows_avx512<dtype::bf16>,
+                        rows_avx512<dtype::f8_e4m3>, cols_avx512<dtype::f32>,
+                        cols_avx512<dtype::bf16>, cols_avx512<dtype::f8_e4m3>});
+    }
 #endif
     return sets;
 }

@@ -26,13 +26,22 @@ struct matmul_job {
 // Computes y[m, n] for all m and n in [n0, n1).
 using matmul_rows_fn = void (*)(const matmul_job& job, int64_t n0, int64_t n1);
 
+// The same for a transposed weight view (N contiguous, e.g. W_uk taken from W_kv_b): element
+// (n, k) at w + k·w_row_stride + n·element size, so job.w_row_stride is the stride between k.
+// Accumulates axpy-style over k, so the weight still streams once.
+using matmul_cols_fn = void (*)(const matmul_job& job, int64_t n0, int64_t n1);
+
 struct matmul_kernels {
     const char* isa = "scalar";
     matmul_rows_fn f32 = nullptr;
     matmul_rows_fn bf16 = nullptr;
     matmul_rows_fn f8_e4m3 = nullptr;
+    matmul_cols_fn cols_f32 = nullptr;
+    matmul_cols_fn cols_bf16 = nullptr;
+    matmul_cols_fn cols_f8_e4m3 = nullptr;
 
     matmul_rows_fn for_type(dtype t) const;
+    matmul_cols_fn cols_for_type(dtype t) const;
 };
 
 matmul_kernels scalar_matmul_kernels();

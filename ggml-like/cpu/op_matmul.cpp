@@ -1,7 +1,7 @@
 // matmul: y = x · Wᵀ with x [..., M, K] f32 and W [N, K] or [B, N, K] (f32 | bf16 | f8_e4m3 with a
 // per-row scale). Weights whose rows are contiguous in K (the normal case) run the SIMD row
-// kernels; a transposed weight view (N contiguous, e.g. W_uk taken from W_kv_b) runs an
-// axpy-style loop that still streams the weight once; any other stride runs a plain loop.
+// kernels; a transposed weight view (N contiguous, e.g. W_uk taken from W_kv_b) runs the
+// axpy-style SIMD kernels that still stream the weight once; any other stride runs a plain loop.
 #include <vector>
 
 #include "cpu_ops.h"
@@ -10,46 +10,6 @@ namespace mgl::cpu {
 
 namespace {
 
-template <dtype T>
-float weight_at(const char* p) {
-    if constexpr (T == dtype::f32) {
-        return load_f32(dtype::f32, p);
-    } else if constexpr (T == dtype::bf16) {
-        uint16_t h;
-        std::memcpy(&h, p, sizeof h);
-        return bf16_to_f32(h);
-    } else {
-        return e4m3_to_f32(uint8_t(*p));
-    }
-}
-
-// One [M, K] x block against a weight whose N elements are contiguous (row k at w + k·k_stride).
-template <dtype T>
-void rows_transposed(const matmul_job& j, int64_t k_stride, int64_t n0, int64_t n1) {
-    const int64_t elem = int64_t(dtype_size(T));
-    std::vector<float> acc(size_t(n1 - n0));
-    for (int64_t m = 0; m < j.M; ++m) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        const float* x = j.x + m * j.x_stride;
-        for (int64_t k = 0; k < j.K; ++k) {
-            const char* w = reinterpret_cast<const char*>(j.w) + k * k_stride + n0 * elem;
-            float xv = x[k];
-            for (int64_t n = 0; n < n1 - n0; ++n) acc[size_t(n)] += xv * weight_at<T>(w + n * elem);
-        }
-        for (int64_t n = n0; n < n1; ++n)
-            j.y[m * j.y_stride + n] = acc[size_t(n - n0)] * (j.scale ? j.scale[n] : 1.0f);
-    }
-}
-
-void rows_transposed_any(const matmul_job& j, int64_t k_stride, int64_t n0, int64_t n1) {
-    switch (j.type) {
-        case dtype::f32: return rows_transposed<dtype::f32>(j, k_stride, n0, n1);
-        case dtype::bf16: return rows_transposed<dtype::bf16>(j, k_stride, n0, n1);
-        case dtype::f8_e4m3: return rows_transposed<dtype::f8_e4m3>(j, k_stride, n0, n1);
-        default: fail(__FILE__, __LINE__, "matmul: unsupported weight dtype");
-    }
-}
-
 // Fully general strides: one element at a time.
 void rows_generic(const matmul_job& j, int64_t n_stride, int64_t k_stride, int64_t n0, int64_t n1) {
     const char* w = reinterpret_cast<const char*>(j.w);
@@ -57,7 +17,8 @@ void rows_generic(const matmul_job& j, int64_t n_stride, int64_t k_stride, int64
         const float* x = j.x + m * j.x_stride;
         for (int64_t n = n0; n < n1; ++n) {
             float s = 0.0f;
-            for (int64_t k = 0; k < j.K; ++k) s += x[k] * load_f32(j.type, w + n * n_stride + k * k_stride);
+            for (int64_t k = 0; k < j.K; ++k)
+                s += x[k] * load_f32(j.type, w + n * n_stride + k * k_stride);
             j.y[m * j.y_stride + n] = s * (j.scale ? j.scale[n] : 1.0f);
         }
     }
@@ -72,8 +33,10 @@ int64_t min_rows_per_chunk(const matmul_job& j) {
 
 void matmul_parallel(exec_context& ex, const matmul_job& job, int64_t N) {
     matmul_rows_fn fn = ex.kernels.for_type(job.type);
-    MGL_CHECK(fn != nullptr, std::string("matmul: no kernel for weight dtype ") + dtype_name(job.type));
-    ex.pool.parallel_for(N, [&](int64_t n0, int64_t n1) { fn(job, n0, n1); }, min_rows_per_chunk(job));
+    MGL_CHECK(fn != nullptr,
+              std::string("matmul: no kernel for weight dtype ") + dtype_name(job.type));
+    ex.pool.parallel_for(
+        N, [&](int64_t n0, int64_t n1) { fn(job, n0, n1); }, min_rows_per_chunk(job));
 }
 
 void run_matmul(exec_context& ex, tensor& node) {
@@ -112,12 +75,15 @@ void run_matmul(exec_context& ex, tensor& node) {
         if (w_k_stride == elem) {
             matmul_parallel(ex, job, N);
         } else if (w_n_stride == elem) {
+            matmul_cols_fn cols = ex.kernels.cols_for_type(w.type);
+            MGL_CHECK(cols != nullptr, "matmul: no transposed kernel for this weight dtype");
+            job.w_row_stride = w_k_stride;
             ex.pool.parallel_for(
-                N, [&](int64_t n0, int64_t n1) { rows_transposed_any(job, w_k_stride, n0, n1); },
-                min_rows_per_chunk(job));
+                N, [&](int64_t n0, int64_t n1) { cols(job, n0, n1); }, min_rows_per_chunk(job));
         } else {
             ex.pool.parallel_for(
-                N, [&](int64_t n0, int64_t n1) { rows_generic(job, w_n_stride, w_k_stride, n0, n1); },
+                N,
+                [&](int64_t n0, int64_t n1) { rows_generic(job, w_n_stride, w_k_stride, n0, n1); },
                 min_rows_per_chunk(job));
         }
     }

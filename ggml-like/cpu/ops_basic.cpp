@@ -9,7 +9,9 @@ namespace mgl::cpu {
 
 namespace {
 
-float* out_row(tensor& node, int64_t row) { return static_cast<float*>(node.data) + row * inner_dim(node); }
+float* out_row(tensor& node, int64_t row) {
+    return static_cast<float*>(node.data) + row * inner_dim(node);
+}
 
 // Index of every dim but the innermost for row `row` of a tensor with t's shape.
 std::array<int64_t, max_dims> row_index(const tensor& t, int64_t row) {
@@ -39,12 +41,14 @@ void run_get_rows(exec_context& ex, tensor& node) {
     int64_t V = table.shape[0], D = table.shape[1];
     for_rows(ex, node, [&](int64_t t) {
         int32_t id = load_i32(ids, t);
-        MGL_CHECK(id >= 0 && id < V, "get_rows: id " + std::to_string(id) + " at position " + std::to_string(t) +
-                                         " is outside the table's " + std::to_string(V) + " rows");
+        MGL_CHECK(id >= 0 && id < V, "get_rows: id " + std::to_string(id) + " at position " +
+                                         std::to_string(t) + " is outside the table's " +
+                                         std::to_string(V) + " rows");
         const char* src = static_cast<const char*>(table.data) + id * table.stride[0];
         float s = scale ? static_cast<const float*>(scale->data)[id] : 1.0f;
         float* dst = out_row(node, t);
-        for (int64_t i = 0; i < D; ++i) dst[i] = load_f32(table.type, src + i * table.stride[1]) * s;
+        for (int64_t i = 0; i < D; ++i)
+            dst[i] = load_f32(table.type, src + i * table.stride[1]) * s;
     });
 }
 
@@ -93,7 +97,8 @@ void run_rms_norm(exec_context& ex, tensor& node) {
         for (int64_t i = 0; i < D; ++i) sum_sq += double(dst[i]) * dst[i];
         float inv = 1.0f / std::sqrt(float(sum_sq / double(D)) + eps);
         for (int64_t i = 0; i < D; ++i) {
-            float g = w ? load_f32(w->type, static_cast<const char*>(w->data) + i * w->stride[0]) : 1.0f;
+            float g =
+                w ? load_f32(w->type, static_cast<const char*>(w->data) + i * w->stride[0]) : 1.0f;
             dst[i] = g * (dst[i] * inv);
         }
     });
@@ -177,7 +182,8 @@ void run_cpy(exec_context& ex, tensor& node) {
         const char* sp = row_ptr(src, r);
         char* dp = row_ptr(node, r);
         for (int64_t i = 0; i < D; ++i)
-            store_f32(node.type, dp + i * inner_stride(node), load_f32(src.type, sp + i * inner_stride(src)));
+            store_f32(node.type, dp + i * inner_stride(node),
+                      load_f32(src.type, sp + i * inner_stride(src)));
     });
 }
 

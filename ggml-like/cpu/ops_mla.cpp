@@ -13,10 +13,11 @@ namespace {
 char* cache_row(const tensor& pages, const tensor& page_table, int64_t pos) {
     const int64_t page_size = pages.shape[1];
     int32_t phys = load_i32(page_table, pos / page_size);
-    MGL_CHECK(phys >= 0 && phys < pages.shape[0], "page table entry " + std::to_string(pos / page_size) + " = " +
-                                                      std::to_string(phys) + " is outside the " +
-                                                      std::to_string(pages.shape[0]) + " pages");
-    return static_cast<char*>(pages.data) + phys * pages.stride[0] + (pos % page_size) * pages.stride[1];
+    MGL_CHECK(phys >= 0 && phys < pages.shape[0],
+              "page table entry " + std::to_string(pos / page_size) + " = " + std::to_string(phys) +
+                  " is outside the " + std::to_string(pages.shape[0]) + " pages");
+    return static_cast<char*>(pages.data) + phys * pages.stride[0] +
+           (pos % page_size) * pages.stride[1];
 }
 
 }  // namespace
@@ -37,6 +38,35 @@ void run_kv_store(exec_context&, tensor& node) {
     }
 }
 
+namespace {
+
+// The cache rows a query attends to, one page at a time: [s0, s0 + rows) live in `base`.
+template <class Fn>
+void for_each_page(const tensor& pages, const tensor& page_table, int64_t n_ctx, Fn fn) {
+    const int64_t page_size = pages.shape[1];
+    for (int64_t s0 = 0; s0 < n_ctx; s0 += page_size) {
+        const uint8_t* base = reinterpret_cast<const uint8_t*>(cache_row(pages, page_table, s0));
+        fn(s0, std::min(page_size, n_ctx - s0), base);
+    }
+}
+
+void softmax_rows(float* scores, int64_t n_rows, int64_t n, float scale) {
+    for (int64_t h = 0; h < n_rows; ++h) {
+        float* sc = scores + h * n;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < n; ++s) mx = std::max(mx, sc[s] * scale);
+        double sum = 0.0;
+        for (int64_t s = 0; s < n; ++s) {
+            sc[s] = std::exp(sc[s] * scale - mx);
+            sum += sc[s];
+        }
+        auto inv = float(1.0 / sum);
+        for (int64_t s = 0; s < n; ++s) sc[s] *= inv;
+    }
+}
+
+}  // namespace
+
 void run_mla_attn(exec_context& ex, tensor& node) {
     const tensor& q_lat = *node.src[0];
     const tensor& q_pe = *node.src[1];
@@ -46,56 +76,80 @@ void run_mla_attn(exec_context& ex, tensor& node) {
     const float scale = node.fparams[0];
     const int64_t T = q_lat.shape[0], H = q_lat.shape[1], r = q_lat.shape[2], rope = q_pe.shape[2];
     const int64_t width = r + rope, es = pages.stride[2];
-    const bool direct = pages.type == dtype::f32 && es == 4;
+    // Cache rows with contiguous elements (always, for pages the runtime allocates) go through
+    // the matmul kernels: scores = q · rowsᵀ per page, then o_lat += p · rows[:, :r] per page.
+    const matmul_rows_fn score_kernel = ex.kernels.for_type(pages.type);
+    const matmul_cols_fn value_kernel = ex.kernels.cols_for_type(pages.type);
+    const bool use_kernels = es == int64_t(dtype_size(pages.type)) && score_kernel && value_kernel;
+    auto* out = static_cast<float*>(node.data);
 
     // Work items are (token, head) pairs; a chunk handles runs of heads of one token together so
     // each cache row is read once per run.
     ex.pool.parallel_for(T * H, [&](int64_t i0, int64_t i1) {
-        std::vector<float> q, scores, converted(static_cast<size_t>(width));
+        std::vector<float> q, scores, partial, converted(static_cast<size_t>(width));
         for (int64_t i = i0; i < i1;) {
             const int64_t t = i / H, h0 = i % H, nh = std::min(H - h0, i1 - i);
             const int64_t n_ctx = n_past + t + 1;
+            float* o = out + (t * H + h0) * r;  // nh rows of r, contiguous
             q.resize(static_cast<size_t>(nh * width));
             for (int64_t h = 0; h < nh; ++h) {
                 read_row(q_lat, t * H + h0 + h, q.data() + h * width);
                 read_row(q_pe, t * H + h0 + h, q.data() + h * width + r);
             }
-            auto row_at = [&](int64_t s) -> const float* {
-                const char* p = cache_row(pages, page_table, s);
-                if (direct) return reinterpret_cast<const float*>(p);
-                for (int64_t e = 0; e < width; ++e) converted[size_t(e)] = load_f32(pages.type, p + e * es);
-                return converted.data();
-            };
             scores.resize(static_cast<size_t>(nh * n_ctx));
-            for (int64_t s = 0; s < n_ctx; ++s) {
-                const float* kv = row_at(s);
-                for (int64_t h = 0; h < nh; ++h) {
-                    const float* qh = q.data() + h * width;
-                    float dot = 0.0f;
-                    for (int64_t e = 0; e < width; ++e) dot += qh[e] * kv[e];
-                    scores[size_t(h * n_ctx + s)] = dot * scale;
-                }
-            }
-            for (int64_t h = 0; h < nh; ++h) {
-                float* sc = scores.data() + h * n_ctx;
-                float mx = -INFINITY;
-                for (int64_t s = 0; s < n_ctx; ++s) mx = std::max(mx, sc[s]);
-                double sum = 0.0;
+            std::fill_n(o, nh * r, 0.0f);
+            if (use_kernels) {
+                matmul_job job;
+                job.type = pages.type;
+                job.w_row_stride = pages.stride[1];
+                job.M = nh;
+                for_each_page(pages, page_table, n_ctx,
+                              [&](int64_t s0, int64_t rows, const uint8_t* base) {
+                                  job.x = q.data();
+                                  job.x_stride = width;
+                                  job.K = width;
+                                  job.w = base;
+                                  job.y = scores.data() + s0;
+                                  job.y_stride = n_ctx;
+                                  score_kernel(job, 0, rows);
+                              });
+                softmax_rows(scores.data(), nh, n_ctx, scale);
+                partial.resize(static_cast<size_t>(nh * r));
+                for_each_page(pages, page_table, n_ctx,
+                              [&](int64_t s0, int64_t rows, const uint8_t* base) {
+                                  job.x = scores.data() + s0;
+                                  job.x_stride = n_ctx;
+                                  job.K = rows;
+                                  job.w = base;
+                                  job.y = partial.data();
+                                  job.y_stride = r;
+                                  value_kernel(job, 0, r);
+                                  for (int64_t e = 0; e < nh * r; ++e) o[e] += partial[size_t(e)];
+                              });
+            } else {
+                // Any element stride: one row at a time, converted to f32.
+                auto row_at = [&](int64_t s) -> const float* {
+                    const char* p = cache_row(pages, page_table, s);
+                    for (int64_t e = 0; e < width; ++e)
+                        converted[size_t(e)] = load_f32(pages.type, p + e * es);
+                    return converted.data();
+                };
                 for (int64_t s = 0; s < n_ctx; ++s) {
-                    sc[s] = std::exp(sc[s] - mx);
-                    sum += sc[s];
+                    const float* kv = row_at(s);
+                    for (int64_t h = 0; h < nh; ++h) {
+                        const float* qh = q.data() + h * width;
+                        float dot = 0.0f;
+                        for (int64_t e = 0; e < width; ++e) dot += qh[e] * kv[e];
+                        scores[size_t(h * n_ctx + s)] = dot;
+                    }
                 }
-                auto inv = float(1.0 / sum);
-                for (int64_t s = 0; s < n_ctx; ++s) sc[s] *= inv;
-            }
-            auto* out = static_cast<float*>(node.data);
-            for (int64_t h = 0; h < nh; ++h) std::fill_n(out + (t * H + h0 + h) * r, r, 0.0f);
-            for (int64_t s = 0; s < n_ctx; ++s) {
-                const float* c = row_at(s);
-                for (int64_t h = 0; h < nh; ++h) {
-                    float p = scores[size_t(h * n_ctx + s)];
-                    float* o = out + (t * H + h0 + h) * r;
-                    for (int64_t e = 0; e < r; ++e) o[e] += p * c[e];
+                softmax_rows(scores.data(), nh, n_ctx, scale);
+                for (int64_t s = 0; s < n_ctx; ++s) {
+                    const float* c = row_at(s);
+                    for (int64_t h = 0; h < nh; ++h) {
+                        float p = scores[size_t(h * n_ctx + s)];
+                        for (int64_t e = 0; e < r; ++e) o[h * r + e] += p * c[e];
+                    }
                 }
             }
             i += nh;

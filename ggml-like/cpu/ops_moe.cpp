@@ -38,14 +38,17 @@ void run_moe_topk(exec_context& ex, tensor& node) {
                 std::vector<int32_t> groups(static_cast<size_t>(n_group));
                 std::vector<float> group_score(static_cast<size_t>(n_group), -INFINITY);
                 for (int64_t e = 0; e < E; ++e)
-                    group_score[size_t(e / group_size)] = std::max(group_score[size_t(e / group_size)], p[size_t(e)]);
+                    group_score[size_t(e / group_size)] =
+                        std::max(group_score[size_t(e / group_size)], p[size_t(e)]);
                 std::iota(groups.begin(), groups.end(), 0);
-                std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(),
-                                  [&](int32_t a, int32_t b) { return ranks_before(group_score, a, b); });
+                std::partial_sort(
+                    groups.begin(), groups.begin() + topk_group, groups.end(),
+                    [&](int32_t a, int32_t b) { return ranks_before(group_score, a, b); });
                 std::vector<bool> kept(static_cast<size_t>(n_group), false);
                 for (int g = 0; g < topk_group; ++g) kept[size_t(groups[size_t(g)])] = true;
-                end = std::stable_partition(order.begin(), order.end(),
-                                            [&](int32_t e) { return kept[size_t(e / group_size)]; });
+                end = std::stable_partition(order.begin(), order.end(), [&](int32_t e) {
+                    return kept[size_t(e / group_size)];
+                });
             }
             std::partial_sort(order.begin(), order.begin() + k, end,
                               [&](int32_t a, int32_t b) { return ranks_before(p, a, b); });
@@ -66,13 +69,17 @@ void run_moe_weights(exec_context&, tensor& node) {
         double sum = 0.0;
         for (int64_t i = 0; i < k; ++i) {
             int32_t id;
-            std::memcpy(&id, static_cast<const char*>(ids.data) + t * ids.stride[0] + i * ids.stride[1], sizeof id);
-            MGL_CHECK(id >= 0 && id < E, "moe_weights: expert id " + std::to_string(id) + " outside [0, " +
-                                             std::to_string(E) + ")");
-            w[i] = load_f32(dtype::f32, static_cast<const char*>(probs.data) + t * probs.stride[0] + id * probs.stride[1]);
+            std::memcpy(&id,
+                        static_cast<const char*>(ids.data) + t * ids.stride[0] + i * ids.stride[1],
+                        sizeof id);
+            MGL_CHECK(id >= 0 && id < E, "moe_weights: expert id " + std::to_string(id) +
+                                             " outside [0, " + std::to_string(E) + ")");
+            w[i] = load_f32(dtype::f32, static_cast<const char*>(probs.data) + t * probs.stride[0] +
+                                            id * probs.stride[1]);
             sum += w[i];
         }
-        for (int64_t i = 0; i < k; ++i) w[i] = normalize ? float(w[i] / sum) : w[i] * routed_scaling_factor;
+        for (int64_t i = 0; i < k; ++i)
+            w[i] = normalize ? float(w[i] / sum) : w[i] * routed_scaling_factor;
     }
 }
 
@@ -91,11 +98,14 @@ void run_moe_experts(exec_context& ex, tensor& node) {
     for (int64_t t = 0; t < T; ++t) {
         for (int64_t i = 0; i < k; ++i) {
             int32_t id;
-            std::memcpy(&id, static_cast<const char*>(ids.data) + t * ids.stride[0] + i * ids.stride[1], sizeof id);
+            std::memcpy(&id,
+                        static_cast<const char*>(ids.data) + t * ids.stride[0] + i * ids.stride[1],
+                        sizeof id);
             MGL_CHECK(id >= 0 && size_t(id) < set.experts.size(),
                       "moe_experts: expert id " + std::to_string(id) + " outside the set of " +
                           std::to_string(set.experts.size()));
-            float w = load_f32(dtype::f32, static_cast<const char*>(wts.data) + t * wts.stride[0] + i * wts.stride[1]);
+            float w = load_f32(dtype::f32, static_cast<const char*>(wts.data) + t * wts.stride[0] +
+                                               i * wts.stride[1]);
             routed[id].emplace_back(t, w);
         }
     }
@@ -103,7 +113,8 @@ void run_moe_experts(exec_context& ex, tensor& node) {
     std::vector<float> xs, gate, up, y;
     for (const auto& [id, tokens] : routed) {
         const expert_weights& e = set.experts[size_t(id)];
-        MGL_CHECK(e.gate && e.up && e.down, "moe_experts: expert " + std::to_string(id) + " has no weights");
+        MGL_CHECK(e.gate && e.up && e.down,
+                  "moe_experts: expert " + std::to_string(id) + " has no weights");
         MGL_CHECK(set.type != dtype::f8_e4m3 || (e.gate_scale && e.up_scale && e.down_scale),
                   "moe_experts: f8 expert " + std::to_string(id) + " has no scales");
         const auto M = int64_t(tokens.size());
@@ -130,7 +141,8 @@ void run_moe_experts(exec_context& ex, tensor& node) {
         job.y = up.data();
         matmul_parallel(ex, job, F);
 
-        for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        for (size_t i = 0; i < gate.size(); ++i)
+            gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 
         job.x = gate.data();
         job.x_stride = F;

@@ -5,7 +5,8 @@
 namespace mgl::cpu {
 
 thread_pool::thread_pool(int n_threads) {
-    for (int i = 1; i < std::max(n_threads, 1); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    for (int i = 1; i < std::max(n_threads, 1); ++i)
+        workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
 thread_pool::~thread_pool() {
@@ -43,9 +44,11 @@ void thread_pool::worker_loop(int index) {
     }
 }
 
-void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
+void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                               int64_t min_chunk) {
     if (n <= 0) return;
-    int64_t chunks = std::min<int64_t>(size(), (n + std::max<int64_t>(min_chunk, 1) - 1) / std::max<int64_t>(min_chunk, 1));
+    int64_t chunks = std::min<int64_t>(
+        size(), (n + std::max<int64_t>(min_chunk, 1) - 1) / std::max<int64_t>(min_chunk, 1));
     if (chunks <= 1 || workers_.empty()) {
         fn(0, n);
         return;

@@ -25,7 +25,8 @@ public:
     // Calls fn(begin, end) on disjoint chunks covering [0, n), at most one chunk per thread and
     // none smaller than min_chunk (small ranges run on the calling thread alone). The calling
     // thread works too. The first exception thrown by any chunk is rethrown here.
-    void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
+    void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                      int64_t min_chunk = 1);
 
 private:
     void worker_loop(int index);

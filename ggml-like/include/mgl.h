@@ -305,6 +305,10 @@ public:
     virtual void synchronize() = 0;
 };
 
+// The CPU backend is the readable reference: each op is a plain loop over rows, split across a
+// thread pool the backend owns (static chunks, the caller's thread works too). matmul streams
+// weights through SIMD row kernels chosen at run time (AVX-512, AVX2+FMA+F16C, or scalar), so a
+// portable build is still fast. Leaves may point at any host memory, an mmapped file included.
 // n_threads <= 0: number of physical cores.
 std::unique_ptr<backend> make_cpu_backend(int n_threads = 0);
 int physical_cores();

@@ -57,7 +57,8 @@ Sizes compute_sizes(const mds::MdsFile& m) {
     const uint64_t per_layer = static_cast<uint64_t>(c.kv_cache_width());
     s.kv_bytes_per_token_bf16 = static_cast<uint64_t>(c.num_hidden_layers) * per_layer * 2;
     s.kv_bytes_per_token_f32 = static_cast<uint64_t>(c.num_hidden_layers) * per_layer * 4;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) (c.is_moe_layer(l) ? s.n_moe_layers : s.n_dense_layers)++;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        (c.is_moe_layer(l) ? s.n_moe_layers : s.n_dense_layers)++;
     for (const auto& a : m.tokenizer().added_tokens) s.n_special += a.special;
     return s;
 }
@@ -73,7 +74,8 @@ nlohmann::json info_json(const mds::MdsFile& m, const Sizes& s) {
               {"expert_bytes", s.expert_bytes},
               {"n_experts", m.experts().blobs.size()},
               {"bytes_per_expert", s.bytes_per_expert},
-              {"expert_dtype", m.experts().present ? mds::manifest_dtype_name(m.experts().dtype) : "none"},
+              {"expert_dtype",
+               m.experts().present ? mds::manifest_dtype_name(m.experts().dtype) : "none"},
               {"kv_bytes_per_token_bf16", s.kv_bytes_per_token_bf16},
               {"kv_bytes_per_token_f32", s.kv_bytes_per_token_f32}}},
             {"tokenizer",
@@ -95,17 +97,18 @@ void print_text(const mds::MdsFile& m, const Sizes& s) {
                 c.architecture.c_str(), (long long)c.num_hidden_layers, (long long)s.n_dense_layers,
                 (long long)s.n_moe_layers, (long long)c.hidden_size, (long long)c.vocab_size);
     std::string q = c.q_lora_rank ? std::to_string(*c.q_lora_rank) : "none";
-    std::printf("attention:   MLA, %lld heads, q_lora_rank %s, kv_lora_rank %lld, "
-                "qk_nope %lld, qk_rope %lld, v %lld\n",
-                (long long)c.num_attention_heads, q.c_str(), (long long)c.kv_lora_rank,
-                (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim, (long long)c.v_head_dim);
+    std::printf(
+        "attention:   MLA, %lld heads, q_lora_rank %s, kv_lora_rank %lld, "
+        "qk_nope %lld, qk_rope %lld, v %lld\n",
+        (long long)c.num_attention_heads, q.c_str(), (long long)c.kv_lora_rank,
+        (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim, (long long)c.v_head_dim);
     if (c.n_routed_experts > 0) {
         std::string shared = c.n_shared_experts ? std::to_string(*c.n_shared_experts) : "no";
-        std::printf("moe:         %lld routed experts (%lld per token, %s), %s shared, "
-                    "expert ffn %lld, dense ffn %lld\n",
-                    (long long)c.n_routed_experts, (long long)c.num_experts_per_tok,
-                    c.topk_method.c_str(), shared.c_str(), (long long)c.moe_intermediate_size,
-                    (long long)c.intermediate_size);
+        std::printf(
+            "moe:         %lld routed experts (%lld per token, %s), %s shared, "
+            "expert ffn %lld, dense ffn %lld\n",
+            (long long)c.n_routed_experts, (long long)c.num_experts_per_tok, c.topk_method.c_str(),
+            shared.c_str(), (long long)c.moe_intermediate_size, (long long)c.intermediate_size);
     } else {
         std::printf("mlp:         dense, ffn %lld\n", (long long)c.intermediate_size);
     }
@@ -122,15 +125,15 @@ void print_text(const mds::MdsFile& m, const Sizes& s) {
     if (m.experts().present)
         std::printf("experts:     %s in %zu blobs of %s (%s), %lld bytes per expert\n",
                     human_bytes(s.expert_bytes).c_str(), m.experts().blobs.size(),
-                    human_bytes(s.bytes_per_expert).c_str(), mds::manifest_dtype_name(m.experts().dtype),
-                    (long long)s.bytes_per_expert);
+                    human_bytes(s.bytes_per_expert).c_str(),
+                    mds::manifest_dtype_name(m.experts().dtype), (long long)s.bytes_per_expert);
     else
         std::printf("experts:     none\n");
-    std::printf("kv cache:    %llu bytes/token in BF16, %llu in F32 "
-                "(%lld layers x (kv_lora_rank %lld + rope %lld))\n",
-                (unsigned long long)s.kv_bytes_per_token_bf16,
-                (unsigned long long)s.kv_bytes_per_token_f32, (long long)c.num_hidden_layers,
-                (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim);
+    std::printf(
+        "kv cache:    %llu bytes/token in BF16, %llu in F32 "
+        "(%lld layers x (kv_lora_rank %lld + rope %lld))\n",
+        (unsigned long long)s.kv_bytes_per_token_bf16, (unsigned long long)s.kv_bytes_per_token_f32,
+        (long long)c.num_hidden_layers, (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim);
     std::printf("tokenizer:   %zu tokens, %zu merges, %zu added (%zu special), chat template %s\n",
                 t.vocab.size(), t.merges.size(), t.added_tokens.size(), s.n_special,
                 t.chat_template.empty() ? "no" : "yes");
@@ -172,7 +175,8 @@ int run_info(const InfoOptions& o) {
 
     const bool tty = isatty(STDERR_FILENO);
     auto start = std::chrono::steady_clock::now();
-    auto result = m->verify(o.threads, tty ? draw_progress : std::function<void(uint64_t, uint64_t)>{});
+    auto result =
+        m->verify(o.threads, tty ? draw_progress : std::function<void(uint64_t, uint64_t)>{});
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (tty) std::fprintf(stderr, "\n");
     for (const auto& p : result.problems) std::fprintf(stderr, "minids info: %s\n", p.c_str());
@@ -201,8 +205,9 @@ int run_info(const InfoOptions& o) {
 
 void add_info_command(CLI::App& app, int& exit_code) {
     auto opts = std::make_shared<InfoOptions>();
-    auto* cmd = app.add_subcommand("info", "Print an .mds file's config, sizes, tokenizer and "
-                                           "provenance; --verify checks every byte");
+    auto* cmd = app.add_subcommand("info",
+                                   "Print an .mds file's config, sizes, tokenizer and "
+                                   "provenance; --verify checks every byte");
     cmd->add_option("model", opts->model, "The .mds file")->required();
     cmd->add_flag("--verify", opts->verify,
                   "Check every checksum and that all padding is zero (reads the whole file)");

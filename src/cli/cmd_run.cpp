@@ -1,5 +1,7 @@
 // minids run: one prompt in, the model's continuation streamed to stdout. Logs, the model
 // summary and the speed go to stderr, so stdout carries only the generated text (or ids).
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -7,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
 #include "runtime/generate.h"
@@ -47,8 +50,8 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
             throw UserError("--ids: expected comma-separated token ids, found \"" + item + "\"");
         }
         if (v < 0 || v >= vocab) {
-            throw UserError("--ids: token id " + std::to_string(v) + " is outside the vocabulary [0, " +
-                            std::to_string(vocab) + ")");
+            throw UserError("--ids: token id " + std::to_string(v) +
+                            " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
         }
         ids.push_back(int32_t(v));
     }
@@ -64,11 +67,16 @@ std::string read_text_file(const std::string& path) {
 
 const char* stop_name(StopReason r) {
     switch (r) {
-        case StopReason::eos: return "end of sequence";
-        case StopReason::n_predict: return "token limit";
-        case StopReason::context_full: return "context full";
-        case StopReason::callback: return "stop string";
-        case StopReason::interrupted: return "interrupted";
+        case StopReason::eos:
+            return "end of sequence";
+        case StopReason::n_predict:
+            return "token limit";
+        case StopReason::context_full:
+            return "context full";
+        case StopReason::callback:
+            return "stop string";
+        case StopReason::interrupted:
+            return "interrupted";
     }
     return "?";
 }
@@ -85,19 +93,33 @@ int run(const RunOptions& o) {
     } else {
         std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
         if (!o.model.chat_template.empty()) {
-            throw UserError("--chat-template is not supported by run yet; use chat");
+            // The prompt becomes one user message; the template writes BOS itself.
+            const Tokenizer& tok = *m.tokenizer;
+            std::string source;
+            try {
+                source = resolve_chat_template(o.model.chat_template, tok.data().chat_template);
+            } catch (const ChatTemplateError& e) {
+                throw UserError(std::string("--chat-template: ") + e.what());
+            }
+            const std::string bos = tok.bos_id() ? tok.token_text(*tok.bos_id()) : std::string();
+            const std::string eos = tok.eos_id() ? tok.token_text(*tok.eos_id()) : std::string();
+            text = render_chat(source, {{"user", text}}, /*add_generation_prompt=*/true, bos, eos);
+            prompt = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+        } else {
+            prompt = m.tokenizer->encode(text, /*add_special=*/!o.no_bos);
         }
-        prompt = m.tokenizer->encode(text, /*add_special=*/!o.no_bos);
     }
     if (prompt.empty()) throw UserError("the prompt is empty");
     const int64_t n_prompt = int64_t(prompt.size());
     if (n_prompt > o.model.n_ctx) {
-        throw UserError("the prompt has " + std::to_string(n_prompt) + " tokens, more than the context of " +
-                        std::to_string(o.model.n_ctx) + " (-c)");
+        throw UserError("the prompt has " + std::to_string(n_prompt) +
+                        " tokens, more than the context of " + std::to_string(o.model.n_ctx) +
+                        " (-c)");
     }
     if (o.n_predict > 0 && n_prompt + o.n_predict > o.model.n_ctx) {
-        throw UserError("the prompt (" + std::to_string(n_prompt) + " tokens) plus -n " + std::to_string(o.n_predict) +
-                        " exceeds the context of " + std::to_string(o.model.n_ctx) + " tokens (-c)");
+        throw UserError("the prompt (" + std::to_string(n_prompt) + " tokens) plus -n " +
+                        std::to_string(o.n_predict) + " exceeds the context of " +
+                        std::to_string(o.model.n_ctx) + " tokens (-c)");
     }
 
     SessionParams sp;
@@ -110,7 +132,8 @@ int run(const RunOptions& o) {
 
     GenerateParams gp;
     gp.n_predict = o.n_predict;
-    gp.eos_id = m.tokenizer->eos_id() ? m.tokenizer->eos_id() : std::optional<int32_t>(int32_t(cfg.eos_token_id));
+    gp.eos_id = m.tokenizer->eos_id() ? m.tokenizer->eos_id()
+                                      : std::optional<int32_t>(int32_t(cfg.eos_token_id));
     gp.interrupt = &interrupt;
     std::vector<float> prompt_logits;
     GenerationStats st = generate(
@@ -128,7 +151,8 @@ int run(const RunOptions& o) {
 
     if (o.print_ids) {
         std::string line;
-        for (size_t i = 0; i < generated.size(); ++i) line += (i ? " " : "") + std::to_string(generated[i]);
+        for (size_t i = 0; i < generated.size(); ++i)
+            line += (i ? " " : "") + std::to_string(generated[i]);
         std::printf("%s\n", line.c_str());
     } else {
         std::string rest = detok.flush();
@@ -141,12 +165,19 @@ int run(const RunOptions& o) {
         std::fprintf(stderr, "minids run: wrote logits [%lld, %lld] to %s\n", (long long)n_prompt,
                      (long long)cfg.vocab_size, o.dump_logits.c_str());
     }
-    std::fprintf(stderr,
-                 "minids run: prompt %lld tokens in %.3f s (%.2f tok/s), generated %lld tokens in %.3f s "
-                 "(%.2f tok/s), stopped: %s, seed %u\n",
-                 (long long)st.n_prompt, st.prompt_s, st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0,
-                 (long long)st.n_gen, st.gen_s, st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0, stop_name(st.stop),
-                 sampler.seed());
+    std::fprintf(
+        stderr,
+        "minids run: prompt %lld tokens in %.3f s (%.2f tok/s), generated %lld tokens in %.3f s "
+        "(%.2f tok/s), stopped: %s, seed %u\n",
+        (long long)st.n_prompt, st.prompt_s,
+        st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0, (long long)st.n_gen, st.gen_s,
+        st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0, stop_name(st.stop), sampler.seed());
+    // Resident memory includes the pages of the mapped file that were touched (the weights read).
+    struct rusage usage {};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+        std::fprintf(stderr, "minids run: peak resident memory %.1f MiB\n",
+                     double(usage.ru_maxrss) / 1024.0);
+    }
     return st.stop == StopReason::interrupted ? exit_interrupted : exit_ok;
 }
 
@@ -155,21 +186,27 @@ int run(const RunOptions& o) {
 void add_run_command(CLI::App& app, int& exit_code) {
     auto opts = std::make_shared<RunOptions>();
     auto* cmd = app.add_subcommand(
-        "run", "one-shot prompt: stream the model's continuation to stdout (logs and speed on stderr)");
+        "run",
+        "one-shot prompt: stream the model's continuation to stdout (logs and speed on stderr)");
     add_model_flags(*cmd, opts->model);
     cmd->add_option("-p,--prompt", opts->prompt, "prompt text (BOS is added unless --no-bos)");
     cmd->add_option("-f,--file", opts->prompt_file, "read the prompt text from a file");
-    cmd->add_option("--ids", opts->ids, "prompt as comma-separated token ids, used as given (e.g. 0,5,9)");
-    cmd->add_option("-n,--n-predict", opts->n_predict,
-                    "tokens to generate (-1: until end of sequence or the context is full; 0: prompt only)")
+    cmd->add_option("--ids", opts->ids,
+                    "prompt as comma-separated token ids, used as given (e.g. 0,5,9)");
+    cmd->add_option(
+           "-n,--n-predict", opts->n_predict,
+           "tokens to generate (-1: until end of sequence or the context is full; 0: prompt only)")
         ->capture_default_str()
         ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
     add_sampling_flags(*cmd, opts->sampling);
-    cmd->add_flag("--print-ids", opts->print_ids, "print the generated token ids (one line) instead of the text");
+    cmd->add_flag("--print-ids", opts->print_ids,
+                  "print the generated token ids (one line) instead of the text");
     cmd->add_option("--dump-logits", opts->dump_logits,
-                    "write the float32 logits of every prompt position to this .npy file, shape [n_prompt, vocab]");
+                    "write the float32 logits of every prompt position to this .npy file, shape "
+                    "[n_prompt, vocab]");
     cmd->add_flag("--no-bos", opts->no_bos, "do not add the BOS token to a text prompt");
-    cmd->callback([opts, &exit_code] { exit_code = run_guarded("run", [&] { return run(*opts); }); });
+    cmd->callback(
+        [opts, &exit_code] { exit_code = run_guarded("run", [&] { return run(*opts); }); });
 }
 
 }  // namespace minids::cli

@@ -34,7 +34,9 @@
 //       "gate_scale": { "offset": ...,     "dtype": "f32",     "shape": [1408] },   // fp8 only
 //       "up_scale":   { "offset": ...,     "dtype": "f32",     "shape": [1408] },   // fp8 only
 //       "down_scale": { "offset": ...,     "dtype": "f32",     "shape": [2048] } }, // fp8 only
-//     "blob_nbytes": N,          // bytes of one blob (the layout's extent; parts 256-aligned)
+//     "blob_nbytes": N,          // bytes of one blob: the end of its last part, not rounded up
+//                                // (parts 256-aligned, in the order listed above); blobs start
+//                                // every align_up(blob_nbytes, 4096) bytes within a layer
 //     "blobs": [ { "layer": 1, "expert": 0, "offset": ..., "xxh3": "..." } ... ]
 //                                // every (MoE layer, expert) exactly once, ordered by layer then
 //                                // expert; the experts of a layer are adjacent in the file
@@ -46,8 +48,13 @@
 // FP8 experts: E4M3 with one F32 scale per output row, scale = row absmax / 448 (a zero row gets
 // scale 1), W_fp8[n, k] = f32_to_e4m3(W[n, k] / scale[n]).
 // The routed experts' checkpoint names (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight)
-// do not appear in "tensors"; every other checkpoint tensor does, in BF16 (F32 tensors in the
-// checkpoint stay F32).
+// do not appear in "tensors"; every other checkpoint tensor does, in BF16 (the converter rounds
+// F32 and F16 checkpoint tensors to BF16, nearest-even, and copies BF16 ones bit for bit; readers
+// still accept f32/f16 dense tensors). With tied embeddings lm_head.weight is not stored.
+// The converter writes "experts": null for a model without MoE layers, all dense tensors before
+// all expert blobs, and the config's rope_scaling without a "type" key (it is always YaRN).
+// Provenance written by minids convert: tool, tool_version, source (the checkpoint directory's
+// basename, or "synthetic:PRESET"), expert_dtype, synthetic, and for synthetic files preset, seed.
 #pragma once
 
 #include <cstdint>

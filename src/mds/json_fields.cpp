@@ -15,16 +15,26 @@ namespace {
 
 const char* json_type_name(const json& v) {
     switch (v.type()) {
-        case json::value_t::null: return "null";
-        case json::value_t::object: return "an object";
-        case json::value_t::array: return "an array";
-        case json::value_t::string: return "a string";
-        case json::value_t::boolean: return "a boolean";
-        case json::value_t::number_integer: return "an integer";
-        case json::value_t::number_unsigned: return "an integer";
-        case json::value_t::number_float: return "a non-integer number";
-        case json::value_t::binary: return "binary data";
-        case json::value_t::discarded: return "nothing";
+        case json::value_t::null:
+            return "null";
+        case json::value_t::object:
+            return "an object";
+        case json::value_t::array:
+            return "an array";
+        case json::value_t::string:
+            return "a string";
+        case json::value_t::boolean:
+            return "a boolean";
+        case json::value_t::number_integer:
+            return "an integer";
+        case json::value_t::number_unsigned:
+            return "an integer";
+        case json::value_t::number_float:
+            return "a non-integer number";
+        case json::value_t::binary:
+            return "binary data";
+        case json::value_t::discarded:
+            return "nothing";
     }
     return "an unknown value";
 }
@@ -39,7 +49,9 @@ json parse_json_strict(std::string_view text, const std::string& file, const std
     auto on_event = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
         if (depth > manifest_max_depth) too_deep = depth;
         switch (event) {
-            case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+            case json::parse_event_t::object_start:
+                open_objects.emplace_back();
+                break;
             case json::parse_event_t::object_end:
                 if (!open_objects.empty()) open_objects.pop_back();
                 break;
@@ -50,7 +62,8 @@ json parse_json_strict(std::string_view text, const std::string& file, const std
                     duplicate = key;
                 break;
             }
-            default: break;
+            default:
+                break;
         }
         // Returning false discards the value; the checks below turn that into an error, but the
         // parser still has to finish (nlohmann has no early abort short of throwing).
@@ -64,14 +77,16 @@ json parse_json_strict(std::string_view text, const std::string& file, const std
         // Keep the message printable: nlohmann quotes the offending input bytes verbatim.
         std::string what = std::string(e.what()).substr(0, 200);
         for (char& ch : what)
-            if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+            if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f)
+                ch = '?';
         fail(file, field, "valid JSON", what);
     }
     if (!duplicate.empty())
         fail(file, field, "unique keys in every object",
              "the key \"" + duplicate.substr(0, 64) + "\" twice");
-    if (too_deep) fail(file, field, "nesting at most " + std::to_string(manifest_max_depth) + " levels deep",
-                       "nesting " + std::to_string(too_deep) + " levels deep");
+    if (too_deep)
+        fail(file, field, "nesting at most " + std::to_string(manifest_max_depth) + " levels deep",
+             "nesting " + std::to_string(too_deep) + " levels deep");
     if (result.is_discarded()) fail(file, field, "a JSON value", "nothing");
     return result;
 }
@@ -95,7 +110,8 @@ void FieldReader::fail(const std::string& field, const std::string& expected,
     mds::fail(file_, field, expected, found);
 }
 
-void FieldReader::expect_object(const json& v, std::initializer_list<std::string_view> allowed) const {
+void FieldReader::expect_object(const json& v,
+                                std::initializer_list<std::string_view> allowed) const {
     if (!v.is_object()) fail(path_.empty() ? "manifest" : path_, "an object", describe_json(v));
     for (auto it = v.begin(); it != v.end(); ++it) {
         if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
@@ -147,18 +163,6 @@ uint64_t FieldReader::u64(const json& obj, std::string_view key) const {
 
 int64_t FieldReader::i64(const json& obj, std::string_view key, int64_t lo, int64_t hi) const {
     return as_i64(required(obj, key), field(key), lo, hi);
-}
-
-double FieldReader::number(const json& obj, std::string_view key) const {
-    const json& v = required(obj, key);
-    if (!v.is_number()) fail(field(key), "a number", describe_json(v));
-    return v.get<double>();
-}
-
-bool FieldReader::boolean(const json& obj, std::string_view key) const {
-    const json& v = required(obj, key);
-    if (!v.is_boolean()) fail(field(key), "true or false", describe_json(v));
-    return v.get<bool>();
 }
 
 const std::string& FieldReader::string(const json& obj, std::string_view key) const {

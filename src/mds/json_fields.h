@@ -38,7 +38,8 @@ public:
                            const std::string& found) const;
 
     // `v` must be an object whose keys are all in `allowed`.
-    void expect_object(const nlohmann::json& v, std::initializer_list<std::string_view> allowed) const;
+    void expect_object(const nlohmann::json& v,
+                       std::initializer_list<std::string_view> allowed) const;
     // Member access on an object already checked with expect_object.
     const nlohmann::json& required(const nlohmann::json& obj, std::string_view key) const;
     // Null when absent.
@@ -47,8 +48,6 @@ public:
     uint64_t u64(const nlohmann::json& obj, std::string_view key) const;
     // An integer in [lo, hi].
     int64_t i64(const nlohmann::json& obj, std::string_view key, int64_t lo, int64_t hi) const;
-    double number(const nlohmann::json& obj, std::string_view key) const;
-    bool boolean(const nlohmann::json& obj, std::string_view key) const;
     const std::string& string(const nlohmann::json& obj, std::string_view key) const;
     const nlohmann::json& array(const nlohmann::json& obj, std::string_view key) const;
     const nlohmann::json& object(const nlohmann::json& obj, std::string_view key) const;

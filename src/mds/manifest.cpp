@@ -80,12 +80,12 @@ void check_placement(const FieldReader& r, uint64_t offset, uint64_t nbytes,
         r.fail(r.field("offset"),
                "the range [offset, offset + " + std::to_string(nbytes) +
                    ") to end within the file of " + std::to_string(extent.file_size) + " bytes",
-               std::to_string(offset) + " (past the end: the file is truncated or the offset is wrong)");
+               std::to_string(offset) +
+                   " (past the end: the file is truncated or the offset is wrong)");
 }
 
 std::vector<TensorEntry> parse_tensor_table(const json& tensors, const FileExtent& extent,
-                                            const std::string& file,
-                                            std::vector<Extent>& extents) {
+                                            const std::string& file, std::vector<Extent>& extents) {
     std::vector<TensorEntry> out;
     out.reserve(tensors.size());
     std::unordered_map<std::string, size_t> seen;
@@ -100,7 +100,8 @@ std::vector<TensorEntry> parse_tensor_table(const json& tensors, const FileExten
         auto [it, inserted] = seen.emplace(e.name, i);
         if (!inserted)
             r.fail(r.field("name"), "a name used by no other tensor",
-                   "\"" + e.name + "\", already the name of tensors[" + std::to_string(it->second) + "]");
+                   "\"" + e.name + "\", already the name of tensors[" + std::to_string(it->second) +
+                       "]");
         e.dtype = read_dtype(r, t);
         uint64_t expected_bytes = read_shape(r, t, e.dtype, e.shape);
         e.nbytes = r.u64(t, "nbytes");
@@ -218,6 +219,14 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
                      std::to_string(part_extents[i - 1].end) + ")",
                  std::to_string(part_extents[i].begin));
 
+    // format.h: blob_nbytes is the layout's extent, so nothing unlisted rides along in a blob.
+    uint64_t extent_end = 0;
+    for (const auto& e : part_extents) extent_end = std::max(extent_end, e.end);
+    if (table.blob_nbytes != extent_end)
+        r.fail(r.field("blob_nbytes"),
+               std::to_string(extent_end) + " (the end of the layout's last part)",
+               std::to_string(table.blob_nbytes));
+
     // Blobs: every (MoE layer, expert) once, in order, each layer's experts adjacent.
     const json& blobs = r.array(j, "blobs");
     uint64_t expected_count = 0;
@@ -246,10 +255,11 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
         blob.layer = br.i64(b, "layer", 0, INT64_MAX);
         blob.expert = br.i64(b, "expert", 0, INT64_MAX);
         if (blob.layer != layer || blob.expert != expert)
-            br.fail(br.path(),
-                    "layer " + std::to_string(layer) + " expert " + std::to_string(expert) +
-                        " (ordered by MoE layer, then expert)",
-                    "layer " + std::to_string(blob.layer) + " expert " + std::to_string(blob.expert));
+            br.fail(
+                br.path(),
+                "layer " + std::to_string(layer) + " expert " + std::to_string(expert) +
+                    " (ordered by MoE layer, then expert)",
+                "layer " + std::to_string(blob.layer) + " expert " + std::to_string(blob.expert));
         blob.offset = br.u64(b, "offset");
         check_placement(br, blob.offset, table.blob_nbytes, extent);
         if (expert > 0 && blob.offset != table.blobs.back().offset + stride)
@@ -283,8 +293,8 @@ ParsedManifest parse_manifest(std::string_view text, const FileExtent& extent,
     out.manifest = parse_json_strict(text, file, "manifest");
     const json& m = out.manifest;
     FieldReader r(file, "");
-    r.expect_object(m, {"format", "version", "config", "tokenizer", "tensors", "experts",
-                        "provenance"});
+    r.expect_object(
+        m, {"format", "version", "config", "tokenizer", "tensors", "experts", "provenance"});
     if (r.string(m, "format") != "minids")
         r.fail("format", "\"minids\"", describe_json(m["format"]));
     int64_t version = r.i64(m, "version", 0, INT64_MAX);
@@ -316,8 +326,8 @@ ParsedManifest parse_manifest(std::string_view text, const FileExtent& extent,
     out.tensors = parse_tensor_table(r.array(m, "tensors"), extent, file, extents);
     const json* experts = r.optional(m, "experts");
     static const json null_value;
-    out.experts = parse_expert_table(experts ? *experts : null_value, out.config, extent, file,
-                                     extents);
+    out.experts =
+        parse_expert_table(experts ? *experts : null_value, out.config, extent, file, extents);
 
     std::sort(extents.begin(), extents.end(),
               [](const Extent& a, const Extent& b) { return a.begin < b.begin; });

@@ -7,10 +7,8 @@
 // arithmetic on a hostile config cannot overflow.
 #include "mds/manifest_config.h"
 
-#include <cmath>
 #include <string>
 
-#include "mds/json_fields.h"
 #include "mds/manifest.h"
 
 namespace minids::mds {

@@ -35,23 +35,27 @@ void layer_tensors(const ModelConfig& c, int64_t l, std::vector<Expected>& out) 
         const int64_t R = *c.q_lora_rank;
         out.push_back({p + "self_attn.q_a_proj.weight", {R, D}, "q_lora_rank, hidden_size"});
         out.push_back({p + "self_attn.q_a_layernorm.weight", {R}, "q_lora_rank"});
-        out.push_back({p + "self_attn.q_b_proj.weight", {q_out, R},
+        out.push_back({p + "self_attn.q_b_proj.weight",
+                       {q_out, R},
                        "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank"});
     } else {
-        out.push_back({p + "self_attn.q_proj.weight", {q_out, D},
+        out.push_back({p + "self_attn.q_proj.weight",
+                       {q_out, D},
                        "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim), hidden_size"});
     }
-    out.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_cache_width(), D},
+    out.push_back({p + "self_attn.kv_a_proj_with_mqa.weight",
+                   {c.kv_cache_width(), D},
                    "kv_lora_rank + qk_rope_head_dim, hidden_size"});
     out.push_back({p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, "kv_lora_rank"});
     out.push_back({p + "self_attn.kv_b_proj.weight",
                    {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
                    "num_attention_heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank"});
-    out.push_back({p + "self_attn.o_proj.weight", {D, H * c.v_head_dim},
+    out.push_back({p + "self_attn.o_proj.weight",
+                   {D, H * c.v_head_dim},
                    "hidden_size, num_attention_heads x v_head_dim"});
     if (c.is_moe_layer(l)) {
-        out.push_back({p + "mlp.gate.weight", {c.n_routed_experts, D},
-                       "n_routed_experts, hidden_size"});
+        out.push_back(
+            {p + "mlp.gate.weight", {c.n_routed_experts, D}, "n_routed_experts, hidden_size"});
         if (c.n_shared_experts && *c.n_shared_experts > 0) {
             const int64_t F = c.moe_intermediate_size * *c.n_shared_experts;
             const char* why = "moe_intermediate_size x n_shared_experts, hidden_size";
@@ -89,10 +93,9 @@ void check_model_tensors(const std::vector<TensorEntry>& tensors, const ModelCon
         const TensorEntry& t = tensors[it->second];
         const std::string field = "tensors[" + std::to_string(it->second) + "] (" + t.name + ")";
         if (t.shape != e.shape)
-            fail(file, field + ".shape",
-                 shape_string(e.shape) + " (config: " + e.why + ")", shape_string(t.shape));
-        if (t.dtype != mgl::dtype::bf16 && t.dtype != mgl::dtype::f32 &&
-            t.dtype != mgl::dtype::f16)
+            fail(file, field + ".shape", shape_string(e.shape) + " (config: " + e.why + ")",
+                 shape_string(t.shape));
+        if (t.dtype != mgl::dtype::bf16 && t.dtype != mgl::dtype::f32 && t.dtype != mgl::dtype::f16)
             fail(file, field + ".dtype", "bf16, f32 or f16", manifest_dtype_name(t.dtype));
         expected[it->second] = true;
     };

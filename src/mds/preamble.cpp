@@ -65,22 +65,32 @@ bool dtype_from_manifest_name(std::string_view name, mgl::dtype& out) {
 
 const char* manifest_dtype_name(mgl::dtype t) {
     switch (t) {
-        case mgl::dtype::f32: return "f32";
-        case mgl::dtype::f16: return "f16";
-        case mgl::dtype::bf16: return "bf16";
-        case mgl::dtype::f8_e4m3: return "f8_e4m3";
-        case mgl::dtype::i32: return "i32";
+        case mgl::dtype::f32:
+            return "f32";
+        case mgl::dtype::f16:
+            return "f16";
+        case mgl::dtype::bf16:
+            return "bf16";
+        case mgl::dtype::f8_e4m3:
+            return "f8_e4m3";
+        case mgl::dtype::i32:
+            return "i32";
     }
     return "unknown";
 }
 
 uint64_t manifest_dtype_size(mgl::dtype t) {
     switch (t) {
-        case mgl::dtype::f32: return 4;
-        case mgl::dtype::f16: return 2;
-        case mgl::dtype::bf16: return 2;
-        case mgl::dtype::f8_e4m3: return 1;
-        case mgl::dtype::i32: return 4;
+        case mgl::dtype::f32:
+            return 4;
+        case mgl::dtype::f16:
+            return 2;
+        case mgl::dtype::bf16:
+            return 2;
+        case mgl::dtype::f8_e4m3:
+            return 1;
+        case mgl::dtype::i32:
+            return 4;
     }
     return 0;
 }
@@ -93,13 +103,12 @@ mds_preamble parse_preamble(const uint8_t* bytes, uint64_t size, const std::stri
     std::memcpy(&p, bytes, sizeof p);
 
     if (std::memcmp(p.magic, mds_magic, sizeof mds_magic) != 0)
-        fail(file, "magic", printable_bytes(reinterpret_cast<const uint8_t*>(mds_magic), 8) +
-                                " (an .mds file)",
+        fail(file, "magic",
+             printable_bytes(reinterpret_cast<const uint8_t*>(mds_magic), 8) + " (an .mds file)",
              printable_bytes(bytes, 8));
     // The version comes before the checksum: a newer format may lay its preamble out differently.
     if (p.version > mds_version)
-        fail(file, "version",
-             "format version " + std::to_string(mds_version) + " or older",
+        fail(file, "version", "format version " + std::to_string(mds_version) + " or older",
              "version " + std::to_string(p.version) +
                  ": the file was written by a newer minids; update minids to read it");
     if (p.version != mds_version)

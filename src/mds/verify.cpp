@@ -48,15 +48,15 @@ bool all_zero(const uint8_t* p, uint64_t n, uint64_t& first_nonzero) {
 
 }  // namespace
 
-MdsFile::VerifyResult MdsFile::verify(int n_threads,
-                                      const std::function<void(uint64_t, uint64_t)>& progress) const {
+MdsFile::VerifyResult MdsFile::verify(
+    int n_threads, const std::function<void(uint64_t, uint64_t)>& progress) const {
     const uint8_t* base = base_;
     mds_preamble pre;
     std::memcpy(&pre, base, sizeof pre);
 
     std::vector<Range> ranges;
-    ranges.push_back({0, offsetof(mds_preamble, preamble_xxh3), false, pre.preamble_xxh3,
-                      "preamble"});
+    ranges.push_back(
+        {0, offsetof(mds_preamble, preamble_xxh3), false, pre.preamble_xxh3, "preamble"});
     const uint64_t manifest_end = sizeof(mds_preamble) + pre.manifest_len;
     ranges.push_back({sizeof(mds_preamble), manifest_end, false, pre.manifest_xxh3, "manifest"});
     // Covered spans, for working out the padding between them.
@@ -83,15 +83,15 @@ MdsFile::VerifyResult MdsFile::verify(int n_threads,
         cursor = std::max(cursor, e);
     }
     add_padding(cursor, size_);
-    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-        return a.end - a.begin > b.end - b.begin;
-    });
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range& a, const Range& b) { return a.end - a.begin > b.end - b.begin; });
 
     // The 8 bytes of preamble_xxh3 are checked by comparing the preamble's hash against them.
     const uint64_t checksum_field = sizeof(mds_preamble) - offsetof(mds_preamble, preamble_xxh3);
     uint64_t total = checksum_field;
     for (const auto& r : ranges) total += r.end - r.begin;
-    if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (n_threads <= 0)
+        n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     n_threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_threads), ranges.size()));
 
     std::atomic<size_t> next{0};

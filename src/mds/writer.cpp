@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -113,9 +114,28 @@ json ExpertLayout::to_json() const {
     return j;
 }
 
+void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+
+void AlignedBuffer::resize(size_t n) {
+    const size_t padded = (n + mds_alignment - 1) / mds_alignment * mds_alignment;
+    if (padded > capacity_ || !mem_) {
+        const size_t cap = std::max<size_t>(padded, mds_alignment);
+        auto* p = static_cast<uint8_t*>(std::aligned_alloc(mds_alignment, cap));
+        if (!p) throw WriterError("out of memory allocating a " + std::to_string(cap) + "-byte buffer");
+        if (mem_) std::memcpy(p, mem_.get(), std::min(size_, n));
+        else size_ = 0;
+        mem_.reset(p);
+        capacity_ = cap;
+    }
+    const size_t keep = std::min(size_, n);
+    std::memset(mem_.get() + keep, 0, padded - keep);
+    size_ = n;
+}
+
 MdsWriter::MdsWriter(fs::path out_path, bool overwrite) : out_path_(std::move(out_path)), overwrite_(overwrite) {}
 
 MdsWriter::~MdsWriter() {
+    if (direct_fd_ >= 0) ::close(direct_fd_);
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && fd_ != -1) {
         std::error_code ec;
@@ -228,13 +248,15 @@ void MdsWriter::open() {
     if (::ftruncate(fd_, off_t(file_size_)) != 0)
         throw WriterError(tmp_path().string() + ": cannot size to " + std::to_string(file_size_) + " bytes: " +
                           std::strerror(errno));
+    // Not every file system supports O_DIRECT (tmpfs does not); then everything goes buffered.
+    direct_fd_ = ::open(tmp_path().c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
 }
 
-void MdsWriter::pwrite_all(const void* data, uint64_t nbytes, uint64_t offset) {
+void MdsWriter::pwrite_all(int fd, const void* data, uint64_t nbytes, uint64_t offset) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (nbytes > 0) {
         size_t chunk = size_t(std::min<uint64_t>(nbytes, uint64_t(1) << 30));
-        ssize_t r = ::pwrite(fd_, p, chunk, off_t(offset));
+        ssize_t r = ::pwrite(fd, p, chunk, off_t(offset));
         if (r < 0) {
             if (errno == EINTR) continue;
             throw WriterError(tmp_path().string() + ": write failed at offset " + std::to_string(offset) + ": " +
@@ -247,23 +269,89 @@ void MdsWriter::pwrite_all(const void* data, uint64_t nbytes, uint64_t offset) {
     }
 }
 
-void MdsWriter::write_item(Item& item, const void* data, uint64_t nbytes, const char* what) {
+void MdsWriter::write_item(Item& item, const void* data, uint64_t nbytes, const char* what,
+                           const AlignedBuffer* direct) {
     if (fd_ < 0) WRITER_FAULT(std::string(what) + " written before open()");
     if (nbytes != item.nbytes)
         WRITER_FAULT(std::string(what) + " " + item.name + ": expected " + std::to_string(item.nbytes) + " bytes, got " +
                      std::to_string(nbytes));
     if (item.written.exchange(true)) WRITER_FAULT(std::string(what) + " " + item.name + " written twice");
     item.xxh3 = XXH3_64bits(data, size_t(nbytes));
-    pwrite_all(data, nbytes, item.offset);
+    // O_DIRECT writes whole 4096-byte blocks: the buffer's zero tail becomes the item's padding,
+    // which must be zero anyway and which no other item shares (items start on 4096 boundaries).
+    if (direct && direct_fd_ >= 0 && direct_ok_.load()) {
+        ssize_t r = ::pwrite(direct_fd_, direct->data(), direct->padded_size(), off_t(item.offset));
+        if (r == ssize_t(direct->padded_size())) {
+            bytes_written_ += nbytes;
+            return;
+        }
+        // Refused (EINVAL on some file systems) or short: buffered writes from now on (the
+        // descriptor stays open until commit so no thread can race on a reused number). A short
+        // direct write is simply rewritten in full below.
+        direct_ok_ = false;
+    }
+    if (!direct && direct_fd_ >= 0 && direct_ok_.load() &&
+        write_direct_bounced(item, static_cast<const uint8_t*>(data), nbytes)) {
+        bytes_written_ += nbytes;
+        return;
+    }
+    pwrite_all(fd_, data, nbytes, item.offset);
     bytes_written_ += nbytes;
 }
 
+std::unique_ptr<AlignedBuffer> MdsWriter::take_bounce() {
+    {
+        std::lock_guard<std::mutex> lock(bounce_mu_);
+        if (!bounce_free_.empty()) {
+            auto b = std::move(bounce_free_.back());
+            bounce_free_.pop_back();
+            return b;
+        }
+    }
+    return std::make_unique<AlignedBuffer>();
+}
+
+void MdsWriter::give_bounce(std::unique_ptr<AlignedBuffer> b) {
+    std::lock_guard<std::mutex> lock(bounce_mu_);
+    bounce_free_.push_back(std::move(b));
+}
+
+// Copies caller memory through an aligned buffer in 8 MiB chunks (chunk offsets stay 4096-aligned;
+// the last chunk's zero tail is the item's padding). False if O_DIRECT was refused: the caller
+// then rewrites the whole item buffered.
+bool MdsWriter::write_direct_bounced(const Item& item, const uint8_t* data, uint64_t nbytes) {
+    constexpr uint64_t chunk = uint64_t(8) << 20;
+    std::unique_ptr<AlignedBuffer> buf = take_bounce();
+    bool ok = true;
+    for (uint64_t pos = 0; pos < nbytes; pos += chunk) {
+        const size_t n = size_t(std::min(chunk, nbytes - pos));
+        buf->resize(n);
+        std::memcpy(buf->data(), data + pos, n);
+        ssize_t r = ::pwrite(direct_fd_, buf->data(), buf->padded_size(), off_t(item.offset + pos));
+        if (r != ssize_t(buf->padded_size())) {
+            direct_ok_ = false;
+            ok = false;
+            break;
+        }
+    }
+    give_bounce(std::move(buf));
+    return ok;
+}
+
 void MdsWriter::write_tensor(size_t id, const void* data, uint64_t nbytes) {
-    write_item(tensors_.at(id), data, nbytes, "tensor");
+    write_item(tensors_.at(id), data, nbytes, "tensor", nullptr);
 }
 
 void MdsWriter::write_blob(size_t id, const void* data, uint64_t nbytes) {
-    write_item(blobs_.at(id), data, nbytes, "expert blob");
+    write_item(blobs_.at(id), data, nbytes, "expert blob", nullptr);
+}
+
+void MdsWriter::write_tensor(size_t id, const AlignedBuffer& buf) {
+    write_item(tensors_.at(id), buf.data(), buf.size(), "tensor", &buf);
+}
+
+void MdsWriter::write_blob(size_t id, const AlignedBuffer& buf) {
+    write_item(blobs_.at(id), buf.data(), buf.size(), "expert blob", &buf);
 }
 
 void MdsWriter::commit() {
@@ -286,8 +374,12 @@ void MdsWriter::commit() {
     pre.data_offset = data_offset_;
     pre.manifest_xxh3 = XXH3_64bits(text.data(), text.size());
     pre.preamble_xxh3 = XXH3_64bits(&pre, offsetof(mds_preamble, preamble_xxh3));
-    pwrite_all(text.data(), text.size(), sizeof(pre));
-    pwrite_all(&pre, sizeof(pre), 0);
+    pwrite_all(fd_, text.data(), text.size(), sizeof(pre));
+    pwrite_all(fd_, &pre, sizeof(pre), 0);
+    if (direct_fd_ >= 0) {
+        ::close(direct_fd_);
+        direct_fd_ = -1;
+    }
     if (::fsync(fd_) != 0) throw WriterError(tmp_path().string() + ": fsync failed: " + std::strerror(errno));
     if (::close(fd_) != 0) {
         fd_ = -2;  // closed (or unusable); the destructor still removes the tmp file

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,6 +62,30 @@ struct ExpertLayout {
     nlohmann::json to_json() const;  // the manifest's "layout" object
 };
 
+// A zero-filled byte buffer aligned to 4096 whose allocation is rounded up to a multiple of 4096,
+// with zeros after size(): what O_DIRECT needs. Writing items from one lets the writer skip the
+// page cache (copying into it dominated conversion time on the VMs we measured; see docs/perf.md).
+// Keep the bytes after size() zero.
+class AlignedBuffer {
+public:
+    AlignedBuffer() = default;
+    explicit AlignedBuffer(size_t n) { resize(n); }
+    // Bytes [0, min(old, n)) are kept; [min(old, n), padded_size()) become zero.
+    void resize(size_t n);
+    uint8_t* data() { return mem_.get(); }
+    const uint8_t* data() const { return mem_.get(); }
+    size_t size() const { return size_; }
+    size_t padded_size() const { return (size_ + mds_alignment - 1) / mds_alignment * mds_alignment; }
+
+private:
+    struct Free {
+        void operator()(uint8_t* p) const;
+    };
+    std::unique_ptr<uint8_t, Free> mem_;
+    size_t size_ = 0;
+    size_t capacity_ = 0;
+};
+
 // Hex form used in the manifest ("xxh3": 16 lower-case hex digits).
 std::string xxh3_hex(uint64_t h);
 
@@ -96,8 +121,12 @@ public:
 
     // ---- write ----
     void open();
-    void write_tensor(size_t id, const void* data, uint64_t nbytes);  // thread-safe
-    void write_blob(size_t id, const void* data, uint64_t nbytes);    // thread-safe
+    // Thread-safe. Bypass the page cache with O_DIRECT where the file system allows it (caller
+    // memory through bounce buffers; an AlignedBuffer directly).
+    void write_tensor(size_t id, const void* data, uint64_t nbytes);
+    void write_blob(size_t id, const void* data, uint64_t nbytes);
+    void write_tensor(size_t id, const AlignedBuffer& buf);
+    void write_blob(size_t id, const AlignedBuffer& buf);
     uint64_t bytes_written() const { return bytes_written_.load(); }
     void commit();
 
@@ -118,8 +147,11 @@ private:
               written(o.written.load()) {}
     };
     nlohmann::json manifest(bool with_checksums) const;
-    void write_item(Item& item, const void* data, uint64_t nbytes, const char* what);
-    void pwrite_all(const void* data, uint64_t nbytes, uint64_t offset);
+    void write_item(Item& item, const void* data, uint64_t nbytes, const char* what, const AlignedBuffer* direct);
+    void pwrite_all(int fd, const void* data, uint64_t nbytes, uint64_t offset);
+    bool write_direct_bounced(const Item& item, const uint8_t* data, uint64_t nbytes);
+    std::unique_ptr<AlignedBuffer> take_bounce();
+    void give_bounce(std::unique_ptr<AlignedBuffer> b);
 
     std::filesystem::path out_path_;
     bool overwrite_ = false;
@@ -133,6 +165,11 @@ private:
     uint64_t data_offset_ = 0;
     uint64_t file_size_ = 0;
     int fd_ = -1;
+    int direct_fd_ = -1;  // O_DIRECT descriptor of the same file, -1 if unsupported
+    std::atomic<bool> direct_ok_{true};
+    // Reusable aligned buffers for writing caller memory (e.g. a mapped checkpoint) with O_DIRECT.
+    std::mutex bounce_mu_;
+    std::vector<std::unique_ptr<AlignedBuffer>> bounce_free_;
     bool committed_ = false;
     std::atomic<uint64_t> bytes_written_{0};
 };

@@ -27,14 +27,16 @@ std::string layer_prefix(int64_t il) { return "model.layers." + std::to_string(i
 mgl::topk_method parse_topk_method(const std::string& s) {
     if (s == "greedy") return mgl::topk_method::greedy;
     if (s == "group_limited_greedy") return mgl::topk_method::group_limited_greedy;
-    throw mds::FileError("config topk_method: expected \"greedy\" or \"group_limited_greedy\", found \"" + s + "\"");
+    throw mds::FileError(
+        "config topk_method: expected \"greedy\" or \"group_limited_greedy\", found \"" + s + "\"");
 }
 
 }  // namespace
 
 Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(file.config()) {
     if (cfg_.scoring_func != "softmax") {
-        throw mds::FileError(file_.path() + ": config scoring_func: expected \"softmax\", found \"" +
+        throw mds::FileError(file_.path() +
+                             ": config scoring_func: expected \"softmax\", found \"" +
                              cfg_.scoring_func + "\"");
     }
     const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
@@ -47,11 +49,13 @@ Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(fil
     const int64_t n_rot = cfg_.qk_rope_head_dim;
     if (cfg_.rope_scaling) {
         const YarnScaling& y = *cfg_.rope_scaling;
-        rope_ = std::make_shared<const mgl::rope_params>(mgl::rope_params_yarn(
-            int(n_rot), float(cfg_.rope_theta), float(y.factor), int(y.original_max_position_embeddings),
-            float(y.beta_fast), float(y.beta_slow), float(y.mscale), float(y.mscale_all_dim)));
+        rope_ = std::make_shared<const mgl::rope_params>(
+            mgl::rope_params_yarn(int(n_rot), float(cfg_.rope_theta), float(y.factor),
+                                  int(y.original_max_position_embeddings), float(y.beta_fast),
+                                  float(y.beta_slow), float(y.mscale), float(y.mscale_all_dim)));
     } else {
-        rope_ = std::make_shared<const mgl::rope_params>(mgl::rope_params_plain(int(n_rot), float(cfg_.rope_theta)));
+        rope_ = std::make_shared<const mgl::rope_params>(
+            mgl::rope_params_plain(int(n_rot), float(cfg_.rope_theta)));
     }
     kq_scale_ = float(cfg_.attention_scale());
 
@@ -130,14 +134,16 @@ std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) 
     const std::string where = file_.path() + ": experts of layer " + std::to_string(il);
     if (!t.present) throw mds::FileError(where + ": expected an expert table, found none");
     if (t.n_embd != cfg_.hidden_size || t.n_ff != cfg_.moe_intermediate_size) {
-        throw mds::FileError(where + ": expected n_embd " + std::to_string(cfg_.hidden_size) + " and n_ff " +
-                             std::to_string(cfg_.moe_intermediate_size) + ", found " + std::to_string(t.n_embd) +
-                             " and " + std::to_string(t.n_ff));
+        throw mds::FileError(where + ": expected n_embd " + std::to_string(cfg_.hidden_size) +
+                             " and n_ff " + std::to_string(cfg_.moe_intermediate_size) +
+                             ", found " + std::to_string(t.n_embd) + " and " +
+                             std::to_string(t.n_ff));
     }
     const int64_t first = t.first_blob_of_layer(il);
     const int64_t E = cfg_.n_routed_experts;
     if (first < 0 || first + E > int64_t(t.blobs.size())) {
-        throw mds::FileError(where + ": expected " + std::to_string(E) + " expert blobs, found none or fewer");
+        throw mds::FileError(where + ": expected " + std::to_string(E) +
+                             " expert blobs, found none or fewer");
     }
     auto set = std::make_shared<mgl::expert_set>();
     set->type = t.dtype;
@@ -148,8 +154,9 @@ std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) 
     for (int64_t e = 0; e < E; ++e) {
         const mds::ExpertBlob& b = t.blobs[size_t(first + e)];
         if (b.layer != il || b.expert != e) {
-            throw mds::FileError(where + ": expected blob for expert " + std::to_string(e) + ", found layer " +
-                                 std::to_string(b.layer) + " expert " + std::to_string(b.expert));
+            throw mds::FileError(where + ": expected blob for expert " + std::to_string(e) +
+                                 ", found layer " + std::to_string(b.layer) + " expert " +
+                                 std::to_string(b.expert));
         }
         mgl::expert_weights& w = set->experts[size_t(e)];
         w.gate = b.data + t.gate.offset;
@@ -167,9 +174,9 @@ std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) 
 
 // MLA, absorbed (DESIGN.md): the cache holds c and k_pe; W_uk is folded into the query and W_uv
 // is applied after attention, so per-head K and V never exist.
-mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x,
-                                             const ForwardBatch& batch, mgl::tensor* pages,
-                                             mgl::tensor* page_table) const {
+mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
+                                             mgl::tensor* x, const ForwardBatch& batch,
+                                             mgl::tensor* pages, mgl::tensor* page_table) const {
     const ModelConfig& c = cfg_;
     const int64_t T = x->dim(0), H = c.num_attention_heads, r = c.kv_lora_rank;
     const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
@@ -179,61 +186,76 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     if (L.wq) {
         q = named(mgl::matmul(ctx, x, L.wq), "q", il);
     } else {
-        mgl::tensor* q_a = named(mgl::matmul(ctx, x, L.wq_a), "q_a", il);        // [T, q_lora_rank]
+        mgl::tensor* q_a = named(mgl::matmul(ctx, x, L.wq_a), "q_a", il);  // [T, q_lora_rank]
         q_a = named(mgl::rms_norm(ctx, q_a, L.q_a_norm, eps), "q_a_norm", il);
         q = named(mgl::matmul(ctx, q_a, L.wq_b), "q", il);
     }
-    q = mgl::reshape(ctx, q, {T, H, nope + rope});                                  // [T, H, nope+rope]
-    mgl::tensor* q_nope = named(mgl::slice(ctx, q, 2, 0, nope), "q_nope", il);    // [T, H, nope]
-    mgl::tensor* q_pe = named(mgl::slice(ctx, q, 2, nope, rope), "q_pe_raw", il); // [T, H, rope]
+    q = mgl::reshape(ctx, q, {T, H, nope + rope});                              // [T, H, nope+rope]
+    mgl::tensor* q_nope = named(mgl::slice(ctx, q, 2, 0, nope), "q_nope", il);  // [T, H, nope]
+    mgl::tensor* q_pe = named(mgl::slice(ctx, q, 2, nope, rope), "q_pe_raw", il);  // [T, H, rope]
     q_pe = named(mgl::rope(ctx, q_pe, batch.positions, rope_), "q_pe", il);        // [T, H, rope]
 
-    mgl::tensor* kv_cmpr_pe = named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);  // [T, r+rope]
-    mgl::tensor* kv_cmpr = mgl::slice(ctx, kv_cmpr_pe, 1, 0, r);                            // [T, r]
-    mgl::tensor* k_pe = named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);     // [T, rope]
-    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);          // [T, r]
-    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);                 // [T, rope]
+    mgl::tensor* kv_cmpr_pe =
+        named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);  // [T, r+rope]
+    mgl::tensor* kv_cmpr =
+        named(mgl::slice(ctx, kv_cmpr_pe, 1, 0, r), "kv_cmpr_raw", il);  // [T, r]
+    mgl::tensor* k_pe =
+        named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);             // [T, rope]
+    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);  // [T, r]
+    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);         // [T, rope]
 
     // q_lat[t, h] = q_nope[t, h] · W_uk[h]: one matmul batched over heads. (mgl ops read their
     // inputs through strides, so the permuted views need no copies.)
-    q_nope = mgl::permute(ctx, q_nope, {1, 0, 2});                                           // [H, T, nope]
-    mgl::tensor* q_lat = named(mgl::matmul(ctx, q_nope, L.wk_b), "q_lat_h", il);             // [H, T, r]
-    q_lat = named(mgl::permute(ctx, q_lat, {1, 0, 2}), "q_lat", il);                         // [T, H, r]
+    q_nope = mgl::permute(ctx, q_nope, {1, 0, 2});                                // [H, T, nope]
+    mgl::tensor* q_lat = named(mgl::matmul(ctx, q_nope, L.wk_b), "q_lat_h", il);  // [H, T, r]
+    q_lat = named(mgl::permute(ctx, q_lat, {1, 0, 2}), "q_lat", il);              // [T, H, r]
 
-    pages = named(mgl::kv_store(ctx, pages, page_table, kv_cmpr, k_pe, int(batch.n_past)), "kv_pages", il);
-    mgl::tensor* o_lat = named(mgl::mla_attn(ctx, q_lat, q_pe, pages, page_table, int(batch.n_past), kq_scale_),
-                               "o_lat", il);                                                 // [T, H, r]
+    pages = named(mgl::kv_store(ctx, pages, page_table, kv_cmpr, k_pe, int(batch.n_past)),
+                  "kv_pages", il);
+    // o_lat[t, h] = Σ_s softmax_s((q_lat·c_s + q_pe·k_pe_s)·scale) c_s, causal: [T, H, r]
+    mgl::tensor* o_lat =
+        mgl::mla_attn(ctx, q_lat, q_pe, pages, page_table, int(batch.n_past), kq_scale_);
+    o_lat = named(o_lat, "o_lat", il);
 
     // o[t, h] = W_uv[h] · o_lat[t, h], batched over heads.
-    o_lat = mgl::permute(ctx, o_lat, {1, 0, 2});                                             // [H, T, r]
-    mgl::tensor* o = named(mgl::matmul(ctx, o_lat, L.wv_b), "o_h", il);                       // [H, T, v]
-    o = mgl::contiguous(ctx, mgl::permute(ctx, o, {1, 0, 2}));                               // [T, H, v] (reshape needs it contiguous)
-    o = named(mgl::reshape(ctx, o, {T, H * v}), "o", il);                                    // [T, H·v]
-    return named(mgl::matmul(ctx, o, L.wo), "attn_out", il);                                  // [T, D]
+    o_lat = mgl::permute(ctx, o_lat, {1, 0, 2});                         // [H, T, r]
+    mgl::tensor* o = named(mgl::matmul(ctx, o_lat, L.wv_b), "o_h", il);  // [H, T, v]
+    // [T, H, v], copied because a reshape needs a contiguous source
+    o = mgl::contiguous(ctx, mgl::permute(ctx, o, {1, 0, 2}));
+    o = named(mgl::reshape(ctx, o, {T, H * v}), "o", il);     // [T, H·v]
+    return named(mgl::matmul(ctx, o, L.wo), "attn_out", il);  // [T, D]
 }
 
-mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x) const {
+mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
+                                       mgl::tensor* x) const {
     mgl::tensor* shared = nullptr;  // dense MLP, or the shared experts: down(silu(gate(x)) * up(x))
     if (L.ffn_gate) {
-        mgl::tensor* gate = named(mgl::matmul(ctx, x, L.ffn_gate), L.is_moe ? "shexp_gate" : "ffn_gate", il);
-        mgl::tensor* up = named(mgl::matmul(ctx, x, L.ffn_up), L.is_moe ? "shexp_up" : "ffn_up", il);
-        mgl::tensor* act = named(mgl::swiglu(ctx, gate, up), L.is_moe ? "shexp_act" : "ffn_act", il);
-        shared = named(mgl::matmul(ctx, act, L.ffn_down), L.is_moe ? "shexp_out" : "ffn_out", il);  // [T, D]
+        mgl::tensor* gate =
+            named(mgl::matmul(ctx, x, L.ffn_gate), L.is_moe ? "shexp_gate" : "ffn_gate", il);
+        mgl::tensor* up =
+            named(mgl::matmul(ctx, x, L.ffn_up), L.is_moe ? "shexp_up" : "ffn_up", il);
+        mgl::tensor* act =
+            named(mgl::swiglu(ctx, gate, up), L.is_moe ? "shexp_act" : "ffn_act", il);
+        shared = named(mgl::matmul(ctx, act, L.ffn_down), L.is_moe ? "shexp_out" : "ffn_out",
+                       il);  // [T, D]
     }
     if (!L.is_moe) return shared;
 
     mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
-    mgl::tensor* probs = named(mgl::softmax(ctx, logits), "router_probs", il);         // [T, E]
-    mgl::tensor* ids = named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);     // [T, k] i32
-    mgl::tensor* w = named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);  // [T, k]
-    mgl::tensor* moe = named(mgl::moe_experts(ctx, x, ids, w, L.experts), "moe_out", il);     // [T, D]
+    mgl::tensor* probs = named(mgl::softmax(ctx, logits), "router_probs", il);        // [T, E]
+    mgl::tensor* ids = named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);    // [T, k] i32
+    mgl::tensor* w =
+        named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);            // [T, k]
+    mgl::tensor* moe = named(mgl::moe_experts(ctx, x, ids, w, L.experts), "moe_out", il);  // [T, D]
     return shared ? named(mgl::add(ctx, moe, shared), "ffn_out", il) : moe;
 }
 
-mgl::tensor* Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch, LatentKvCache& cache) const {
+mgl::tensor* Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch,
+                                           LatentKvCache& cache) const {
     const float eps = float(cfg_.rms_norm_eps);
     const int64_t T = batch.tokens->dim(0);
-    MGL_CHECK(T > 0 && batch.positions->dim(0) == T, "forward: tokens and positions must have the same length");
+    MGL_CHECK(T > 0 && batch.positions->dim(0) == T,
+              "forward: tokens and positions must have the same length");
     mgl::tensor* page_table = cache.page_table(ctx, batch.seq);
 
     mgl::tensor* x = named(mgl::get_rows(ctx, tok_embd_, batch.tokens), "inp_embd");  // [T, D]
@@ -241,14 +263,14 @@ mgl::tensor* Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch
         const Deepseek2Layer& L = layers_[size_t(il)];
         mgl::tensor* cur = named(mgl::rms_norm(ctx, x, L.attn_norm, eps), "attn_norm", il);
         cur = build_attention(ctx, L, il, cur, batch, cache.layer_pages(ctx, il), page_table);
-        x = named(mgl::add(ctx, x, cur), "ffn_inp", il);                                 // h = x + MLA(norm(x))
+        x = named(mgl::add(ctx, x, cur), "ffn_inp", il);  // h = x + MLA(norm(x))
         cur = named(mgl::rms_norm(ctx, x, L.ffn_norm, eps), "ffn_norm", il);
         cur = build_ffn(ctx, L, il, cur);
-        x = named(mgl::add(ctx, x, cur), "l_out", il);                                   // y = h + FFN(norm(h))
+        x = named(mgl::add(ctx, x, cur), "l_out", il);  // y = h + FFN(norm(h))
     }
-    if (!batch.all_logits) x = mgl::slice(ctx, x, 0, T - 1, 1);                          // [1, D]
+    if (!batch.all_logits) x = mgl::slice(ctx, x, 0, T - 1, 1);  // [1, D]
     x = named(mgl::rms_norm(ctx, x, output_norm_, eps), "result_norm");
-    return named(mgl::matmul(ctx, x, output_), "result_output");                         // [T or 1, V]
+    return named(mgl::matmul(ctx, x, output_), "result_output");  // [T or 1, V]
 }
 
 }  // namespace minids

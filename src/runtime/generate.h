@@ -25,8 +25,8 @@ struct GenerationStats {
 };
 
 struct GenerateParams {
-    int64_t n_predict = -1;           // < 0: until EOS or the context is full
-    std::optional<int32_t> eos_id;    // stop at this token (not emitted)
+    int64_t n_predict = -1;         // < 0: until EOS or the context is full
+    std::optional<int32_t> eos_id;  // stop at this token (not emitted)
     const InterruptHandler* interrupt = nullptr;
 };
 

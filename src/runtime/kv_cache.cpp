@@ -15,11 +15,12 @@ LatentKvCache::LatentKvCache(mgl::backend& backend, const KvCacheParams& params)
     if (params_.n_pages <= 0) params_.n_pages = max_pages_per_seq_;
     MGL_CHECK(params_.n_pages <= INT32_MAX, "kv cache: too many pages");
     pool_ = backend_.alloc_buffer(layer_bytes() * size_t(params_.n_layer));
-    page_tables_ = backend_.alloc_buffer(size_t(params_.max_sequences) * size_t(max_pages_per_seq_) *
-                                         sizeof(int32_t));
+    page_tables_ = backend_.alloc_buffer(size_t(params_.max_sequences) *
+                                         size_t(max_pages_per_seq_) * sizeof(int32_t));
     // Hand out low page numbers first (pop from the back).
     free_pages_.resize(size_t(params_.n_pages));
-    for (int64_t i = 0; i < params_.n_pages; ++i) free_pages_[size_t(i)] = int32_t(params_.n_pages - 1 - i);
+    for (int64_t i = 0; i < params_.n_pages; ++i)
+        free_pages_[size_t(i)] = int32_t(params_.n_pages - 1 - i);
     seqs_.resize(size_t(params_.max_sequences));
 }
 
@@ -48,7 +49,8 @@ int LatentKvCache::new_sequence() {
             return int(i);
         }
     }
-    mgl::fail(__FILE__, __LINE__, "kv cache: all " + std::to_string(seqs_.size()) + " sequence slots in use");
+    mgl::fail(__FILE__, __LINE__,
+              "kv cache: all " + std::to_string(seqs_.size()) + " sequence slots in use");
 }
 
 void LatentKvCache::free_sequence(int seq) {
@@ -62,7 +64,8 @@ void LatentKvCache::reserve(int seq, int64_t n_new) {
     Sequence& s = sequence(seq);
     MGL_CHECK(n_new >= 0, "kv cache: negative reserve");
     const int64_t end = s.length + n_new;
-    MGL_CHECK(end <= params_.n_ctx, "kv cache: " + std::to_string(end) + " tokens exceed the context of " +
+    MGL_CHECK(end <= params_.n_ctx, "kv cache: " + std::to_string(end) +
+                                        " tokens exceed the context of " +
                                         std::to_string(params_.n_ctx));
     const int64_t pages_needed = (end + params_.page_size - 1) / params_.page_size;
     MGL_CHECK(pages_needed - int64_t(s.pages.size()) <= int64_t(free_pages_.size()),
@@ -75,7 +78,8 @@ void LatentKvCache::reserve(int seq, int64_t n_new) {
 
 void LatentKvCache::advance(int seq, int64_t n_new) {
     Sequence& s = sequence(seq);
-    MGL_CHECK(n_new >= 0 && (s.length + n_new + params_.page_size - 1) / params_.page_size <= int64_t(s.pages.size()),
+    MGL_CHECK(n_new >= 0 && (s.length + n_new + params_.page_size - 1) / params_.page_size <=
+                                int64_t(s.pages.size()),
               "kv cache: advance past the reserved pages");
     s.length += n_new;
 }
@@ -105,7 +109,8 @@ mgl::tensor* LatentKvCache::page_table(mgl::context& ctx, int seq) {
     // Unused entries point at page 0: a valid page, never read below the sequence's length.
     std::vector<int32_t> table(size_t(max_pages_per_seq_), 0);
     std::copy(s.pages.begin(), s.pages.end(), table.begin());
-    mgl::tensor* t = ctx.new_tensor(mgl::dtype::i32, {max_pages_per_seq_}, "kv_page_table-" + std::to_string(seq));
+    mgl::tensor* t = ctx.new_tensor(mgl::dtype::i32, {max_pages_per_seq_},
+                                    "kv_page_table-" + std::to_string(seq));
     mgl::bind(*t, *page_tables_, size_t(seq) * table.size() * sizeof(int32_t));
     backend_.upload(*t, table.data(), 0, table.size() * sizeof(int32_t));
     return t;
@@ -113,14 +118,16 @@ mgl::tensor* LatentKvCache::page_table(mgl::context& ctx, int seq) {
 
 void LatentKvCache::read_row(int seq, int64_t layer, int64_t pos, float* out) const {
     const Sequence& s = sequence(seq);
-    MGL_CHECK(pos >= 0 && pos < s.length, "kv cache: position " + std::to_string(pos) + " not stored");
+    MGL_CHECK(pos >= 0 && pos < s.length,
+              "kv cache: position " + std::to_string(pos) + " not stored");
     MGL_CHECK(layer >= 0 && layer < params_.n_layer, "kv cache: no layer " + std::to_string(layer));
     const int64_t page = s.pages[size_t(pos / params_.page_size)];
     const size_t row = size_t(page * params_.page_size + pos % params_.page_size);
     mgl::context ctx;
     mgl::tensor* t = ctx.new_tensor(mgl::dtype::f32, {params_.n_pages, params_.page_size, width()});
     mgl::bind(*t, *pool_, size_t(layer) * layer_bytes());
-    backend_.download(*t, out, row * size_t(width()) * sizeof(float), size_t(width()) * sizeof(float));
+    backend_.download(*t, out, row * size_t(width()) * sizeof(float),
+                      size_t(width()) * sizeof(float));
 }
 
 }  // namespace minids

@@ -28,10 +28,10 @@ struct KvCacheParams {
     int64_t n_layer = 0;
     int64_t kv_lora_rank = 0;
     int64_t rope_dim = 0;
-    int64_t n_ctx = 0;          // longest sequence, in tokens
-    int64_t page_size = 64;     // tokens per page
-    int64_t n_pages = 0;        // pool size; 0: enough for one sequence of n_ctx
-    int max_sequences = 4;      // page-table slots
+    int64_t n_ctx = 0;       // longest sequence, in tokens
+    int64_t page_size = 64;  // tokens per page
+    int64_t n_pages = 0;     // pool size; 0: enough for one sequence of n_ctx
+    int max_sequences = 4;   // page-table slots
 };
 
 class LatentKvCache {
@@ -43,12 +43,12 @@ public:
     // Sequences are small integers; a fresh one is empty.
     int new_sequence();
     void free_sequence(int seq);
-    int64_t length(int seq) const;   // tokens stored
+    int64_t length(int seq) const;  // tokens stored
     int64_t n_ctx() const { return params_.n_ctx; }
     int64_t page_size() const { return params_.page_size; }
     int64_t width() const { return params_.kv_lora_rank + params_.rope_dim; }
     int64_t free_pages() const { return int64_t(free_pages_.size()); }
-    size_t bytes() const;            // the whole pool over all layers
+    size_t bytes() const;  // the whole pool over all layers
 
     // Makes room for positions [length, length + n_new) (takes pages as needed). Throws
     // mgl::error when the sequence would pass n_ctx or the pool runs out: callers check the

@@ -7,7 +7,8 @@
 
 namespace minids {
 
-void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape) {
+void write_npy_f32(const std::string& path, std::span<const float> values,
+                   const std::vector<int64_t>& shape) {
     int64_t n = 1;
     std::string dims;
     for (size_t i = 0; i < shape.size(); ++i) {

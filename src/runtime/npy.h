@@ -10,6 +10,7 @@ namespace minids {
 
 // Writes `values` (row-major, product of `shape` elements) to `path`. Throws std::runtime_error
 // with the path and the reason when the file cannot be written.
-void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape);
+void write_npy_f32(const std::string& path, std::span<const float> values,
+                   const std::vector<int64_t>& shape);
 
 }  // namespace minids

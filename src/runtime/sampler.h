@@ -15,13 +15,13 @@
 namespace minids {
 
 struct SamplerParams {
-    float temp = 0.8f;            // --temp; <= 0: greedy
-    int32_t top_k = 40;           // --top-k; <= 0: off
-    float top_p = 0.95f;          // --top-p; >= 1: off
-    float min_p = 0.05f;          // --min-p; <= 0: off
-    float repeat_penalty = 1.0f;  // --repeat-penalty; 1: off
-    int32_t repeat_last_n = 64;   // --repeat-last-n; 0: off, -1: the whole context
-    uint32_t seed = default_seed; // -s/--seed; default_seed: a random seed
+    float temp = 0.8f;             // --temp; <= 0: greedy
+    int32_t top_k = 40;            // --top-k; <= 0: off
+    float top_p = 0.95f;           // --top-p; >= 1: off
+    float min_p = 0.05f;           // --min-p; <= 0: off
+    float repeat_penalty = 1.0f;   // --repeat-penalty; 1: off
+    int32_t repeat_last_n = 64;    // --repeat-last-n; 0: off, -1: the whole context
+    uint32_t seed = default_seed;  // -s/--seed; default_seed: a random seed
     static constexpr uint32_t default_seed = 0xFFFFFFFFu;  // llama.cpp's LLAMA_DEFAULT_SEED
 };
 

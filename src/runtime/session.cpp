@@ -39,11 +39,13 @@ std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logit
     const int64_t T = int64_t(tokens.size());
     MGL_CHECK(T > 0, "session: eval of an empty batch");
     const int64_t n_past = this->n_past();
-    MGL_CHECK(n_past + T <= n_ctx(), "session: " + std::to_string(n_past + T) + " tokens exceed the context of " +
+    MGL_CHECK(n_past + T <= n_ctx(), "session: " + std::to_string(n_past + T) +
+                                         " tokens exceed the context of " +
                                          std::to_string(n_ctx()));
     const int64_t vocab = model_.config().vocab_size;
     for (int32_t id : tokens) {
-        MGL_CHECK(id >= 0 && id < vocab, "session: token id " + std::to_string(id) + " outside the vocabulary");
+        MGL_CHECK(id >= 0 && id < vocab,
+                  "session: token id " + std::to_string(id) + " outside the vocabulary");
     }
     cache_->reserve(seq_, T);
 

@@ -14,8 +14,8 @@
 namespace minids {
 
 struct SessionParams {
-    int64_t n_ctx = 4096;     // longest sequence, in tokens
-    int64_t page_size = 64;   // KV cache page, in tokens
+    int64_t n_ctx = 4096;    // longest sequence, in tokens
+    int64_t page_size = 64;  // KV cache page, in tokens
 };
 
 class Session {

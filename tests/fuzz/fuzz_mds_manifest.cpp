@@ -39,7 +39,8 @@ void parse_whole_file(const uint8_t* data, size_t size) {
 }
 
 void parse_manifest_only(const uint8_t* data, size_t size) {
-    const uint64_t data_offset = (sizeof(mds_preamble) + size + mds_alignment - 1) / mds_alignment * mds_alignment;
+    const uint64_t data_offset =
+        (sizeof(mds_preamble) + size + mds_alignment - 1) / mds_alignment * mds_alignment;
     std::string_view text(reinterpret_cast<const char*>(data), size);
     parse_manifest(text, FileExtent{data_offset, data_offset + (uint64_t{1} << 32)}, "fuzz.mds");
 }

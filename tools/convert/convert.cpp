@@ -83,7 +83,7 @@ std::vector<Source> match_tensors(const Checkpoint& ck, const std::vector<Expect
 
 // An expert blob being assembled from its three parts, possibly across shards.
 struct BlobStage {
-    std::vector<uint8_t> bytes;
+    mds::AlignedBuffer bytes;
     std::atomic<int> parts_left{3};
 };
 
@@ -115,7 +115,7 @@ public:
                 const ExpectedTensor& e = plan_.tensors[items[k]];
                 if (e.role == TensorRole::expert && !stages_[plan_.writer_id[items[k]]]) {
                     auto st = std::make_unique<BlobStage>();
-                    st->bytes.assign(layout_->blob_nbytes, 0);
+                    st->bytes.resize(layout_->blob_nbytes);
                     stages_[plan_.writer_id[items[k]]] = std::move(st);
                 }
             }
@@ -136,9 +136,9 @@ private:
             if (t.dtype == StDtype::bf16) {
                 w_.write_tensor(plan_.writer_id[i], src, t.nbytes());
             } else {
-                std::vector<uint8_t> buf(size_t(t.nelements()) * 2);
+                mds::AlignedBuffer buf(size_t(t.nelements()) * 2);
                 convert_to_bf16(t.dtype, src, size_t(t.nelements()), buf.data());
-                w_.write_tensor(plan_.writer_id[i], buf.data(), buf.size());
+                w_.write_tensor(plan_.writer_id[i], buf);
             }
             progress_.add(t.nbytes());
             return;
@@ -159,7 +159,7 @@ private:
         }
         progress_.add(t.nbytes());
         if (--st.parts_left == 0) {
-            w_.write_blob(blob, st.bytes.data(), st.bytes.size());
+            w_.write_blob(blob, st.bytes);
             stages_[blob].reset();  // safe: no other part of this blob is in flight
         }
     }

@@ -100,16 +100,19 @@ void Progress::add(uint64_t bytes) {
 void Progress::finish() {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(mu_);
-    print(true);
+    if (tty_ || last_decile_ < 10) print(true);
 }
 
 void Progress::print(bool final_line) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    double done_gb = double(done_.load()) / 1e9;
+    // GB for real models, MB for toy ones.
+    const bool gb = total_ >= 1000000000ull;
+    const double unit = gb ? 1e9 : 1e6;
+    double done = double(done_.load()) / unit;
     double pct = total_ ? 100.0 * double(done_.load()) / double(total_) : 100.0;
-    double rate = secs > 0 ? done_gb / secs : 0.0;
-    std::fprintf(stderr, "%s%s: %3.0f%% (%.2f / %.2f GB, %.2f GB/s)%s", tty_ ? "\r" : "", label_.c_str(), pct, done_gb,
-                 double(total_) / 1e9, rate, (tty_ && !final_line) ? "" : "\n");
+    double rate = secs > 0 ? double(done_.load()) / 1e9 / secs : 0.0;
+    std::fprintf(stderr, "%s%s: %3.0f%% (%.2f / %.2f %s, %.2f GB/s)%s", tty_ ? "\r" : "", label_.c_str(), pct, done,
+                 double(total_) / unit, gb ? "GB" : "MB", rate, (tty_ && !final_line) ? "" : "\n");
     std::fflush(stderr);
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "convert/safetensors.h"
 
@@ -19,5 +21,24 @@ void convert_to_bf16(StDtype src_type, const uint8_t* src, size_t n, uint8_t* ds
 // non-finite value (which has no meaningful scale; the caller refuses the checkpoint).
 int64_t quantize_rows_e4m3(StDtype src_type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
                            uint8_t* scales);
+
+// mgl::f32_to_e4m3 as a table lookup, bit-identical for every float: round-to-nearest-even to
+// E4M3 depends only on the top 16 bits of the f32 (sign, exponent, 7 mantissa bits: the round
+// bit and the kept bits of every E4M3 rounding position lie there) and on whether any of the low
+// 16 bits is set (sticky). So a table over those 2^17 classes, filled by calling mgl on one member
+// of each class, reproduces mgl exactly (the tests compare them).
+class E4m3Encoder {
+public:
+    E4m3Encoder();
+    uint8_t operator()(float f) const {
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        return table_[((bits >> 16) << 1) | uint32_t((bits & 0xFFFFu) != 0)];
+    }
+    static const E4m3Encoder& get();  // built once, immutable
+
+private:
+    std::vector<uint8_t> table_;
+};
 
 }  // namespace minids::convert

@@ -5,8 +5,9 @@
 // "v2-lite" (DeepSeek-V2-Lite's config.json), "v2" (DeepSeek-V2's, 236B; hundreds of GB).
 // Weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms = 1. Values come from a
 // counter-based generator keyed by (seed, tensor, row), so the bytes do not depend on the thread
-// count. FP8 experts are drawn directly as E4M3 codes from a quantized normal with a per-row
-// scale (scale = σ·z_max/448 · U(0.75, 1.25)), which is what makes ≥ 1 GB/s possible.
+// count. FP8 experts are drawn directly as E4M3 codes from a 256-level quantized normal whose
+// extremes (z = ±2.66) map to ±448, with a per-row scale σ·2.66/448 · U(0.75, 1.25): no float
+// is generated or quantized, which keeps generation well above the disk's speed.
 #pragma once
 
 #include <cstdint>

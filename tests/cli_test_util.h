@@ -1,0 +1,86 @@
+// Running the built minids binary from the tests: arguments, optional stdin text, captured
+// stdout/stderr and the exit status.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace minids::test {
+
+struct CliResult {
+    int status = -1;  // exit code, or -1 when the process did not exit normally
+    std::string out, err;
+};
+
+inline std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+inline CliResult run_minids(const std::vector<std::string>& args,
+                            const std::string& stdin_text = {}) {
+    TempDir io;
+    std::ofstream(io.path / "in", std::ios::binary) << stdin_text;
+    std::string cmd = shell_quote(minids_binary().string());
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string.
+    for (const auto& a : args) {
+        cmd.push_back(' ');
+        cmd.append(shell_quote(a));
+    }
+    for (const auto& [redirect, file] :
+         {std::pair{" <", "in"}, std::pair{" >", "out"}, std::pair{" 2>", "err"}}) {
+        cmd.append(redirect);
+        cmd.append(shell_quote((io.path / file).string()));
+    }
+    const int raw = std::system(cmd.c_str());
+    CliResult r;
+    r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
+    r.out = slurp(io.path / "out");
+    r.err = slurp(io.path / "err");
+    return r;
+}
+
+inline std::vector<std::string> lines_of(const std::string& s) {
+    std::vector<std::string> lines;
+    size_t start = 0;
+    while (start < s.size()) {
+        size_t nl = s.find('\n', start);
+        if (nl == std::string::npos) nl = s.size();
+        lines.push_back(s.substr(start, nl - start));
+        start = nl + 1;
+    }
+    return lines;
+}
+
+inline size_t count_lines_containing(const std::string& s, const std::string& needle) {
+    size_t n = 0;
+    for (const auto& l : lines_of(s)) n += l.find(needle) != std::string::npos;
+    return n;
+}
+
+// tiny-v2-lite converted with the binary (BF16 experts), once per test run.
+inline std::filesystem::path cli_converted_fixture() {
+    static TempDir dir;  // test-run cache
+    const auto out = dir.path / "tiny-v2-lite.mds";
+    if (!std::filesystem::exists(out)) {
+        CliResult r = run_minids({"convert", (data_dir() / "tiny-v2-lite").string(), "-o",
+                                  out.string(), "--expert-dtype", "bf16"});
+        if (r.status != 0) throw std::runtime_error("minids convert failed: " + r.err);
+    }
+    return out;
+}
+
+}  // namespace minids::test
