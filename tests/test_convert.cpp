@@ -321,8 +321,8 @@ TEST_CASE("convert: refuses to overwrite without --force; OUT.tmp never survives
     e->bytes[10] = 0xC0;  // bf16 0x7FC0: NaN
     e->bytes[11] = 0x7F;
     std::string msg = bad.convert_error();
-    CHECK(msg.find("model.safetensors: tensor \"model.layers.3.mlp.experts.15.down_proj.weight\": row 0 holds a NaN") !=
-          std::string::npos);
+    CHECK(msg.find("model.safetensors: tensor \"model.layers.3.mlp.experts.15.down_proj.weight\": "
+                   "row 0 holds a NaN") != std::string::npos);
 }
 
 TEST_CASE("convert: F32 and F16 checkpoint tensors become BF16") {
@@ -428,6 +428,15 @@ TEST_CASE("convert: checkpoints that disagree with config.json are refused by na
         CheckpointCopy ck;
         test::write_text(ck.dir.path / "config.json", R"({"hidden_size": 64, "hidden_size": 65})");
         CHECK(ck.convert_error().find("duplicate JSON key \"hidden_size\"") != std::string::npos);
+    }
+    SUBCASE("a tokenizer with more tokens than the model's vocabulary") {
+        CheckpointCopy ck;
+        json cfg = test::read_json_file_for_test(ck.dir.path / "config.json");
+        cfg["vocab_size"] = 1000;
+        test::write_text(ck.dir.path / "config.json", cfg.dump());
+        CHECK(ck.convert_error().find(
+                  "tokenizer.json: token ids: expected all below config.json's vocab_size "
+                  "1000, found id 1023") != std::string::npos);
     }
     SUBCASE("no tokenizer.json") {
         CheckpointCopy ck;

@@ -38,7 +38,7 @@ ModelConfig read_config(const fs::path& dir) {
     }
 }
 
-json read_tokenizer(const fs::path& dir) {
+json read_tokenizer(const fs::path& dir, const ModelConfig& config) {
     const fs::path tok_path = dir / "tokenizer.json";
     const fs::path cfg_path = dir / "tokenizer_config.json";
     std::error_code ec;
@@ -47,7 +47,16 @@ json read_tokenizer(const fs::path& dir) {
     json tok = read_json_file(tok_path);
     json cfg = fs::exists(cfg_path, ec) ? read_json_file(cfg_path) : json(nullptr);
     try {
-        return tokenizer_data_to_json(tokenizer_data_from_hf(tok, cfg));
+        TokenizerData data = tokenizer_data_from_hf(tok, cfg);
+        // Every token id must index a row of the embedding (a smaller tokenizer is normal:
+        // DeepSeek pads vocab_size beyond its tokens).
+        int64_t max_id = int64_t(data.vocab.size()) - 1;
+        for (const AddedToken& a : data.added_tokens) max_id = std::max<int64_t>(max_id, a.id);
+        if (max_id >= config.vocab_size)
+            throw InputError(
+                tok_path.string() + ": token ids: expected all below config.json's vocab_size " +
+                std::to_string(config.vocab_size) + ", found id " + std::to_string(max_id));
+        return tokenizer_data_to_json(data);
     } catch (const TokenizerError& e) {
         throw InputError(tok_path.string() + ": " + e.what());
     } catch (const nlohmann::json::exception& e) {  // a field of an unexpected JSON type
@@ -170,7 +179,8 @@ private:
             int64_t bad = quantize_rows_e4m3(t.dtype, src, e.shape[0], e.shape[1], dst,
                                              st.bytes.data() + scale_part.offset);
             if (bad >= 0)
-                throw InputError(file.string() + ": tensor \"" + t.name + "\": row " + std::to_string(bad) +
+                throw InputError(file.string() + ": tensor \"" + t.name + "\": row " +
+                                 std::to_string(bad) +
                                  " holds a NaN or infinity; expected finite weights to quantize");
         }
         progress_.add(t.nbytes());
@@ -225,7 +235,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     check_output_path(opt.out, opt.force);
 
     ModelConfig config = read_config(opt.hf_dir);
-    json tokenizer = read_tokenizer(opt.hf_dir);
+    json tokenizer = read_tokenizer(opt.hf_dir, config);
     Checkpoint ck = open_checkpoint(opt.hf_dir);
 
     mds::MdsWriter w(opt.out, opt.force);
