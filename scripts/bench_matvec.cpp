@@ -1,7 +1,7 @@
 // bench_matvec: CPU matrix-vector products (M = 1) through the mgl CPU backend, against the
 // machine's measured memory bandwidth.
 //
-//   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB]
+//   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB] [--attention-only]
 //
 // Bandwidth: a read-only sum over a buffer far larger than the last-level cache, on the same
 // number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles
@@ -157,6 +157,88 @@ struct shape {
     const char* note;
 };
 
+// Median wall and per-CPU-time milliseconds of computing graph g `reps` times after a warm-up.
+std::pair<double, double> time_graph(mgl::backend& be, mgl::graph& g, int n_threads, int reps) {
+    be.allocate(g);
+    be.compute(g);
+    std::vector<double> wall, cpu;
+    for (int r = 0; r < reps; ++r) {
+        double c0 = process_cpu_seconds();
+        auto t0 = clock_type::now();
+        be.compute(g);
+        be.synchronize();
+        wall.push_back(seconds_since(t0));
+        cpu.push_back((process_cpu_seconds() - c0) / n_threads);
+    }
+    return {median(wall) * 1e3, median(cpu) * 1e3};
+}
+
+// The two MLA decode ops that are not plain matvecs, at DeepSeek-V2-Lite shapes: q_nope · W_uk
+// with W_uk a transposed view of a bf16 W_kv_b, and absorbed attention over 2048 cached positions.
+// Both working sets (4 MiB, 2.4-4.7 MiB) stay in cache between calls here.
+void bench_attention_ops(int n_threads, int reps) {
+    const int64_t H = 16, nope = 128, v = 128, r = 512, rope = 64, width = r + rope;
+    const int64_t page_size = 64, n_ctx = 2048, n_pages = n_ctx / page_size;
+    auto be = mgl::make_cpu_backend(n_threads);
+    std::mt19937_64 rng(2);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    auto random_vector = [&](size_t n) {
+        std::vector<float> out(n);
+        for (auto& f : out) f = dist(rng);
+        return out;
+    };
+    std::printf(
+        "\n| decode op (V2-Lite shapes, 1 token) | median ms | ms per CPU time |\n|---|---|---|\n");
+    {
+        std::vector<uint16_t> kv_b(size_t(H * (nope + v) * r));
+        for (auto& b : kv_b) b = mgl::f32_to_bf16(dist(rng));
+        auto x = random_vector(size_t(H * nope));
+        mgl::context ctx;
+        mgl::tensor* w = ctx.new_tensor(mgl::dtype::bf16, {H * (nope + v), r}, "kv_b_proj.weight");
+        w->data = kv_b.data();
+        mgl::tensor* per_head = mgl::reshape(ctx, w, {H, nope + v, r});
+        mgl::tensor* w_uk = mgl::transpose(ctx, mgl::slice(ctx, per_head, 1, 0, nope), 1, 2);
+        mgl::tensor* q_nope = ctx.new_tensor(mgl::dtype::f32, {H, 1, nope}, "q_nope");
+        q_nope->data = x.data();
+        mgl::graph g = mgl::build_graph(ctx, {mgl::matmul(ctx, q_nope, w_uk)});
+        auto [wall, cpu] = time_graph(*be, g, n_threads, reps);
+        std::printf(
+            "| q_lat = q_nope · W_uk (bf16 [16, 512, 128] transposed view) | %.3f | %.3f |\n", wall,
+            cpu);
+    }
+    for (mgl::dtype cache_type : {mgl::dtype::f32, mgl::dtype::bf16}) {
+        std::vector<uint8_t> pages_mem(size_t(n_pages * page_size * width) *
+                                       mgl::dtype_size(cache_type));
+        auto fill = random_vector(size_t(n_pages * page_size * width));
+        for (size_t i = 0; i < fill.size(); ++i) {
+            if (cache_type == mgl::dtype::f32) {
+                std::memcpy(&pages_mem[i * 4], &fill[i], 4);
+            } else {
+                uint16_t h = mgl::f32_to_bf16(fill[i]);
+                std::memcpy(&pages_mem[i * 2], &h, 2);
+            }
+        }
+        std::vector<int32_t> table(static_cast<size_t>(n_pages));
+        for (int64_t i = 0; i < n_pages; ++i)
+            table[size_t(i)] = int32_t((i * 7) % n_pages);  // 7 ⟂ 32
+        auto ql = random_vector(size_t(H * r)), qp = random_vector(size_t(H * rope));
+        mgl::context ctx;
+        mgl::tensor* pages = ctx.new_tensor(cache_type, {n_pages, page_size, width}, "kv_pages");
+        pages->data = pages_mem.data();
+        mgl::tensor* pt = ctx.new_tensor(mgl::dtype::i32, {n_pages}, "page_table");
+        pt->data = table.data();
+        mgl::tensor* q_lat = ctx.new_tensor(mgl::dtype::f32, {1, H, r}, "q_lat");
+        q_lat->data = ql.data();
+        mgl::tensor* q_pe = ctx.new_tensor(mgl::dtype::f32, {1, H, rope}, "q_pe");
+        q_pe->data = qp.data();
+        mgl::graph g = mgl::build_graph(
+            ctx, {mgl::mla_attn(ctx, q_lat, q_pe, pages, pt, int(n_ctx - 1), 0.1f)});
+        auto [wall, cpu] = time_graph(*be, g, n_threads, reps);
+        std::printf("| mla_attn, %lld cached positions, %s cache, 16 heads | %.3f | %.3f |\n",
+                    (long long)n_ctx, mgl::dtype_name(cache_type), wall, cpu);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,7 +249,14 @@ int main(int argc, char** argv) {
     app.add_option("--reps", reps, "timed calls per shape and dtype (after warm-up)");
     app.add_option("--pool-mib", pool_mib,
                    "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
+    bool attention_only = false;
+    app.add_flag("--attention-only", attention_only,
+                 "only the MLA decode ops (W_uk view, mla_attn), skipping bandwidth and matvecs");
     CLI11_PARSE(app, argc, argv);
+    if (attention_only) {
+        bench_attention_ops(n_threads <= 0 ? mgl::physical_cores() : n_threads, reps);
+        return 0;
+    }
     if (n_threads <= 0) n_threads = mgl::physical_cores();
     const size_t llc = last_level_cache_bytes();
     const size_t pool_bytes =
@@ -263,6 +352,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
         }
     }
+    bench_attention_ops(n_threads, reps);
     std::printf("\n(checksum %llu)\n", (unsigned long long)(checksum & 0xFFFF));
     return 0;
 }

@@ -185,21 +185,24 @@ TEST_CASE("config: refusals name the field") {
     json base = fixture_config();
     json arch = base;
     arch["architectures"] = {"LlamaForCausalLM"};
-    CHECK(config_error(arch).find("unsupported architecture \"LlamaForCausalLM\"") != std::string::npos);
+    CHECK(config_error(arch).find("unsupported architecture \"LlamaForCausalLM\"") !=
+          std::string::npos);
     json no_arch = base;
     no_arch.erase("architectures");
     no_arch.erase("model_type");
     CHECK(config_error(no_arch).find("\"architectures\" is missing") != std::string::npos);
-    for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                              "num_experts_per_tok"}) {
+    for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_experts_per_tok"}) {
         CAPTURE(field);
         json j = base;
         j.erase(field);
-        CHECK(config_error(j).find(std::string("\"") + field + "\" is missing") != std::string::npos);
+        CHECK(config_error(j).find(std::string("\"") + field + "\" is missing") !=
+              std::string::npos);
     }
     json wrong_type = base;
     wrong_type["hidden_size"] = "64";
-    CHECK(config_error(wrong_type).find("\"hidden_size\": expected an integer, found string") != std::string::npos);
+    CHECK(config_error(wrong_type).find("\"hidden_size\": expected an integer, found string") !=
+          std::string::npos);
     json fractional = base;
     fractional["hidden_size"] = 64.5;
     CHECK(config_error(fractional).find("\"hidden_size\"") != std::string::npos);
@@ -208,7 +211,8 @@ TEST_CASE("config: refusals name the field") {
     CHECK(config_from_hf_json(integral_float).hidden_size == 64);
     json k_too_big = base;
     k_too_big["num_experts_per_tok"] = 17;
-    CHECK(config_error(k_too_big).find("\"num_experts_per_tok\": expected 1..16, found 17") != std::string::npos);
+    CHECK(config_error(k_too_big).find("\"num_experts_per_tok\": expected 1..16, found 17") !=
+          std::string::npos);
     json bad_group = base;
     bad_group["n_group"] = 3;
     CHECK(config_error(bad_group).find("\"n_group\": expected a divisor") != std::string::npos);
@@ -260,10 +264,12 @@ TEST_CASE("config: manifest form round-trips and is strict") {
     CHECK(manifest_error(unknown).find("unknown field \"extra\"") != std::string::npos);
     json wrong = m;
     wrong["norm_topk_prob"] = 0;
-    CHECK(manifest_error(wrong).find("\"norm_topk_prob\": expected true or false") != std::string::npos);
+    CHECK(manifest_error(wrong).find("\"norm_topk_prob\": expected true or false") !=
+          std::string::npos);
     json float_int = m;
     float_int["hidden_size"] = 64.0;  // the manifest is canonical: integers are integers
-    CHECK(manifest_error(float_int).find("\"hidden_size\": expected an integer") != std::string::npos);
+    CHECK(manifest_error(float_int).find("\"hidden_size\": expected an integer") !=
+          std::string::npos);
     json yarn_unknown = m;
     yarn_unknown["rope_scaling"]["extra"] = 1;
     CHECK(manifest_error(yarn_unknown).find("unknown field \"extra\"") != std::string::npos);

@@ -6,23 +6,23 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <thread>
 #include <utility>
 
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include "convert/convert.h"
 #include "convert/safetensors.h"
 #include "mds/reader.h"
-#include "tokenizer/tokenizer_data.h"
 #include "test_convert_util.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer_data.h"
 
 using nlohmann::json;
 using namespace minids;
@@ -36,7 +36,8 @@ const fs::path fixture_dir() { return test::data_dir() / "tiny-v2-lite"; }
 float e4m3_decode(uint8_t v) {
     int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
     if (exp == 15 && man == 7) return NAN;
-    float mag = exp == 0 ? float(man) * std::ldexp(1.0f, -9) : (1.0f + float(man) / 8.0f) * std::ldexp(1.0f, exp - 7);
+    float mag = exp == 0 ? float(man) * std::ldexp(1.0f, -9)
+                         : (1.0f + float(man) / 8.0f) * std::ldexp(1.0f, exp - 7);
     return sign ? -mag : mag;
 }
 
@@ -55,8 +56,8 @@ float f32_at(const uint8_t* p) {
 
 uint64_t hex64(const json& s) { return std::stoull(s.get<std::string>(), nullptr, 16); }
 
-convert::ConvertStats run_convert(const fs::path& dir, const fs::path& out, mgl::dtype expert_dtype, int threads,
-                                  bool force = false) {
+convert::ConvertStats run_convert(const fs::path& dir, const fs::path& out, mgl::dtype expert_dtype,
+                                  int threads, bool force = false) {
     convert::ConvertOptions o;
     o.hf_dir = dir;
     o.out = out;
@@ -70,7 +71,8 @@ convert::ConvertStats run_convert(const fs::path& dir, const fs::path& out, mgl:
 // All checkpoint tensors of the fixture by name, from both shards.
 std::map<std::string, std::pair<json, std::vector<uint8_t>>> fixture_tensors() {
     std::map<std::string, std::pair<json, std::vector<uint8_t>>> out;
-    for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    for (const char* shard :
+         {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
         test::StFileContents st = test::read_safetensors(fixture_dir() / shard);
         for (auto it = st.header.begin(); it != st.header.end(); ++it) {
             if (it.key() == "__metadata__") continue;
@@ -109,7 +111,8 @@ void check_file_structure(const test::MdsContents& m) {
     for (uint64_t i = 0; i < sizeof(pre) + pre.manifest_len; ++i) owned[i] = 1;
     for (const auto& t : m.manifest["tensors"]) {
         claim(t["offset"], t["nbytes"], t["name"]);
-        CHECK(XXH3_64bits(m.bytes.data() + t["offset"].get<uint64_t>(), t["nbytes"].get<uint64_t>()) == hex64(t["xxh3"]));
+        CHECK(XXH3_64bits(m.bytes.data() + t["offset"].get<uint64_t>(),
+                          t["nbytes"].get<uint64_t>()) == hex64(t["xxh3"]));
     }
     if (!m.manifest["experts"].is_null()) {
         uint64_t n = m.manifest["experts"]["blob_nbytes"];
@@ -131,7 +134,8 @@ struct CheckpointCopy {
         for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
             fs::copy_file(fixture_dir() / f, dir.path / f);
         for (auto& [name, v] : fixture_tensors())
-            entries.push_back({name, v.first["dtype"], v.first["shape"].get<std::vector<int64_t>>(), v.second});
+            entries.push_back(
+                {name, v.first["dtype"], v.first["shape"].get<std::vector<int64_t>>(), v.second});
     }
     void write() { test::write_safetensors(dir.path / "model.safetensors", entries); }
     test::StEntry* find(const std::string& name) {
@@ -154,7 +158,8 @@ struct CheckpointCopy {
 
 }  // namespace
 
-TEST_CASE("convert: tiny-v2-lite to FP8 experts: dense bit-identical, experts within E4M3 rounding") {
+TEST_CASE(
+    "convert: tiny-v2-lite to FP8 experts: dense bit-identical, experts within E4M3 rounding") {
     test::TempDir tmp;
     const fs::path out = tmp.path / "tiny.mds";
     convert::ConvertStats st = run_convert(fixture_dir(), out, mgl::dtype::f8_e4m3, 3);
@@ -184,7 +189,8 @@ TEST_CASE("convert: tiny-v2-lite to FP8 experts: dense bit-identical, experts wi
         CHECK((*t)["dtype"] == "bf16");
         CHECK((*t)["shape"] == v.first["shape"]);
         REQUIRE((*t)["nbytes"].get<size_t>() == v.second.size());
-        CHECK(std::memcmp(m.bytes.data() + (*t)["offset"].get<uint64_t>(), v.second.data(), v.second.size()) == 0);
+        CHECK(std::memcmp(m.bytes.data() + (*t)["offset"].get<uint64_t>(), v.second.data(),
+                          v.second.size()) == 0);
     }
     CHECK(man["tensors"].size() == n_dense_src);
 
@@ -217,26 +223,32 @@ TEST_CASE("convert: tiny-v2-lite to FP8 experts: dense bit-identical, experts wi
         CHECK(expert == int64_t(bi % 16));
         const uint8_t* blob = m.bytes.data() + b["offset"].get<uint64_t>();
         for (int p = 0; p < 3; ++p) {
-            std::string name = "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
-                               parts[p] + "_proj.weight";
+            std::string name = "model.layers." + std::to_string(layer) + ".mlp.experts." +
+                               std::to_string(expert) + "." + parts[p] + "_proj.weight";
             const auto& w = src.at(name).second;
             const json& part = lay[parts[p]];
             const int64_t rows = part["shape"][0], cols = part["shape"][1];
             const uint8_t* codes = blob + part["offset"].get<uint64_t>();
-            const uint8_t* scales = blob + lay[std::string(parts[p]) + "_scale"]["offset"].get<uint64_t>();
+            const uint8_t* scales =
+                blob + lay[std::string(parts[p]) + "_scale"]["offset"].get<uint64_t>();
             for (int64_t r = 0; r < rows; ++r) {
                 float absmax = 0;
-                for (int64_t k = 0; k < cols; ++k) absmax = std::max(absmax, std::fabs(bf16_decode(&w[size_t(2 * (r * cols + k))])));
+                for (int64_t k = 0; k < cols; ++k)
+                    absmax =
+                        std::max(absmax, std::fabs(bf16_decode(&w[size_t(2 * (r * cols + k))])));
                 const float s = f32_at(scales + 4 * r);
                 REQUIRE(absmax > 0);
                 CHECK(s == absmax / 448.0f);
                 for (int64_t k = 0; k < cols; ++k) {
                     const double wv = bf16_decode(&w[size_t(2 * (r * cols + k))]);
                     const double deq = double(e4m3_decode(codes[r * cols + k])) * double(s);
-                    const double bound = (std::ldexp(1.0, -4) * std::fabs(wv) + std::ldexp(1.0, -10) * s) * (1 + std::ldexp(1.0, -22));
+                    const double bound =
+                        (std::ldexp(1.0, -4) * std::fabs(wv) + std::ldexp(1.0, -10) * s) *
+                        (1 + std::ldexp(1.0, -22));
                     const double err = std::fabs(deq - wv);
                     if (err > bound) {
-                        INFO(name << " [" << r << ", " << k << "] w=" << wv << " deq=" << deq << " s=" << s);
+                        INFO(name << " [" << r << ", " << k << "] w=" << wv << " deq=" << deq
+                                  << " s=" << s);
                         CHECK(err <= bound);
                     }
                     worst = std::max(worst, err / bound);
@@ -263,10 +275,12 @@ TEST_CASE("convert: BF16 experts are bit-identical to the checkpoint") {
     const char* parts[3] = {"gate", "up", "down"};
     for (const json& b : ex["blobs"]) {
         for (int p = 0; p < 3; ++p) {
-            std::string name = "model.layers." + std::to_string(b["layer"].get<int>()) + ".mlp.experts." +
-                               std::to_string(b["expert"].get<int>()) + "." + parts[p] + "_proj.weight";
+            std::string name = "model.layers." + std::to_string(b["layer"].get<int>()) +
+                               ".mlp.experts." + std::to_string(b["expert"].get<int>()) + "." +
+                               parts[p] + "_proj.weight";
             const auto& w = src.at(name).second;
-            const uint8_t* got = m.bytes.data() + b["offset"].get<uint64_t>() + ex["layout"][parts[p]]["offset"].get<uint64_t>();
+            const uint8_t* got = m.bytes.data() + b["offset"].get<uint64_t>() +
+                                 ex["layout"][parts[p]]["offset"].get<uint64_t>();
             CHECK_MESSAGE(std::memcmp(got, w.data(), w.size()) == 0, name);
         }
     }
@@ -307,7 +321,8 @@ TEST_CASE("convert: refuses to overwrite without --force; OUT.tmp never survives
     e->bytes[10] = 0xC0;  // bf16 0x7FC0: NaN
     e->bytes[11] = 0x7F;
     std::string msg = bad.convert_error();
-    CHECK(msg.find("model.layers.3.mlp.experts.15.down_proj.weight: row 0 holds a NaN") != std::string::npos);
+    CHECK(msg.find("model.safetensors: tensor \"model.layers.3.mlp.experts.15.down_proj.weight\": row 0 holds a NaN") !=
+          std::string::npos);
 }
 
 TEST_CASE("convert: F32 and F16 checkpoint tensors become BF16") {
@@ -340,7 +355,8 @@ TEST_CASE("convert: F32 and F16 checkpoint tensors become BF16") {
         const json* t = m.find_tensor(name);
         REQUIRE(t != nullptr);
         CHECK((*t)["dtype"] == "bf16");
-        CHECK(std::memcmp(m.bytes.data() + (*t)["offset"].get<uint64_t>(), bytes.data(), bytes.size()) == 0);
+        CHECK(std::memcmp(m.bytes.data() + (*t)["offset"].get<uint64_t>(), bytes.data(),
+                          bytes.size()) == 0);
     }
     const json* t = m.find_tensor("model.layers.1.input_layernorm.weight");
     const uint8_t* got = m.bytes.data() + (*t)["offset"].get<uint64_t>();
@@ -348,7 +364,8 @@ TEST_CASE("convert: F32 and F16 checkpoint tensors become BF16") {
         double v = 1.0 + double(7 * i) / 1024.0;
         // Naive nearest-even to 7 fraction bits: steps of 1/128 in [1, 2).
         double scaled = v * 128.0, fl = std::floor(scaled);
-        double r = scaled - fl > 0.5 || (scaled - fl == 0.5 && std::fmod(fl, 2.0) != 0) ? fl + 1 : fl;
+        double r =
+            scaled - fl > 0.5 || (scaled - fl == 0.5 && std::fmod(fl, 2.0) != 0) ? fl + 1 : fl;
         CHECK(double(bf16_decode(got + 2 * i)) == r / 128.0);
     }
 }
@@ -356,34 +373,47 @@ TEST_CASE("convert: F32 and F16 checkpoint tensors become BF16") {
 TEST_CASE("convert: checkpoints that disagree with config.json are refused by name") {
     SUBCASE("a tensor the config does not expect") {
         CheckpointCopy ck;
-        ck.entries.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {4}, std::vector<uint8_t>(16, 1)});
-        CHECK(ck.convert_error().find("tensor \"model.layers.0.self_attn.rotary_emb.inv_freq\": expected only tensors "
-                                      "the config describes") != std::string::npos);
+        ck.entries.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                              "F32",
+                              {4},
+                              std::vector<uint8_t>(16, 1)});
+        CHECK(ck.convert_error().find(
+                  "tensor \"model.layers.0.self_attn.rotary_emb.inv_freq\": expected only tensors "
+                  "the config describes") != std::string::npos);
     }
     SUBCASE("an expert beyond n_routed_experts") {
         CheckpointCopy ck;
-        ck.entries.push_back({"model.layers.1.mlp.experts.16.up_proj.weight", "BF16", {32, 64}, std::vector<uint8_t>(4096, 1)});
-        CHECK(ck.convert_error().find("experts.16.up_proj.weight\": expected only tensors") != std::string::npos);
+        ck.entries.push_back({"model.layers.1.mlp.experts.16.up_proj.weight",
+                              "BF16",
+                              {32, 64},
+                              std::vector<uint8_t>(4096, 1)});
+        CHECK(ck.convert_error().find("experts.16.up_proj.weight\": expected only tensors") !=
+              std::string::npos);
     }
     SUBCASE("a missing tensor") {
         CheckpointCopy ck;
-        std::erase_if(ck.entries, [](const test::StEntry& e) { return e.name == "model.layers.2.mlp.experts.7.gate_proj.weight"; });
-        CHECK(ck.convert_error().find("tensor \"model.layers.2.mlp.experts.7.gate_proj.weight\" of shape [32, 64] is "
-                                      "required by config.json but missing") != std::string::npos);
+        std::erase_if(ck.entries, [](const test::StEntry& e) {
+            return e.name == "model.layers.2.mlp.experts.7.gate_proj.weight";
+        });
+        CHECK(ck.convert_error().find(
+                  "tensor \"model.layers.2.mlp.experts.7.gate_proj.weight\" of shape [32, 64] is "
+                  "required by config.json but missing") != std::string::npos);
     }
     SUBCASE("a shape that disagrees with the config") {
         CheckpointCopy ck;
         auto* e = ck.find("model.layers.0.self_attn.kv_b_proj.weight");
         e->shape = {64, 64};
-        CHECK(ck.convert_error().find("kv_b_proj.weight\": expected shape [128, 32] (from config.json), found [64, 64]") !=
-              std::string::npos);
+        CHECK(ck.convert_error().find("kv_b_proj.weight\": expected shape [128, 32] (from "
+                                      "config.json), found [64, 64]") != std::string::npos);
     }
     SUBCASE("q_lora_rank set in config but the checkpoint has q_proj") {
         CheckpointCopy ck;
         json cfg = test::read_json_file_for_test(ck.dir.path / "config.json");
         cfg["q_lora_rank"] = 48;
         test::write_text(ck.dir.path / "config.json", cfg.dump());
-        CHECK(ck.convert_error().find("q_proj.weight\": expected only tensors the config describes") != std::string::npos);
+        CHECK(ck.convert_error().find(
+                  "q_proj.weight\": expected only tensors the config describes") !=
+              std::string::npos);
     }
     SUBCASE("config.json with an unknown architecture") {
         CheckpointCopy ck;
@@ -406,10 +436,12 @@ TEST_CASE("convert: checkpoints that disagree with config.json are refused by na
     }
 }
 
-TEST_CASE("convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C to 130 with no output") {
+TEST_CASE(
+    "convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C to 130 with no output") {
     test::TempDir tmp;
     auto run = [&](const std::string& args) {
-        std::string cmd = test::minids_binary().string() + " convert " + args + " 2>" + (tmp.path / "err.txt").string();
+        std::string cmd = test::minids_binary().string() + " convert " + args + " 2>" +
+                          (tmp.path / "err.txt").string();
         int status = std::system(cmd.c_str());
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     };
@@ -420,14 +452,37 @@ TEST_CASE("convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C t
     CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "a.mds").string() + " -q") == 0);
     CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "a.mds").string() + " -q") == 2);
     CHECK(err_text().find("already exists (use --force") != std::string::npos);
-    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "a.mds").string() + " -q --force") == 0);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "a.mds").string() + " -q --force") ==
+          0);
     CHECK(run((tmp.path / "nowhere").string() + " -o " + (tmp.path / "b.mds").string()) == 2);
-    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "b.mds").string() + " --expert-dtype int4") == 2);
-    CHECK(err_text().find("--expert-dtype: expected fp8 or bf16, found \"int4\"") != std::string::npos);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "b.mds").string() +
+              " --expert-dtype int4") == 2);
+    CHECK(err_text().find("--expert-dtype: expected fp8 or bf16, found \"int4\"") !=
+          std::string::npos);
     CHECK(run("--synthetic v3 -o " + (tmp.path / "b.mds").string()) == 2);
     CHECK(err_text().find("unknown preset \"v3\"") != std::string::npos);
     const std::string last_err = err_text();
     CHECK(std::count(last_err.begin(), last_err.end(), '\n') == 1);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "no-such-dir" / "b.mds").string()) ==
+          2);
+    CHECK(err_text().find("does not exist") != std::string::npos);
+    CHECK(run(fixture_dir().string() + " -o " + tmp.path.string()) == 2);
+    CHECK(run(fixture_dir().string() + " -o " + (tmp.path / "b.mds").string() + " --threads -2") ==
+          2);
+
+    // A hostile checkpoint through the CLI: a header length over 100 MB.
+    CheckpointCopy ck;
+    std::vector<uint8_t> bytes(64, 0);
+    uint64_t n = 200ull << 20;
+    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = uint8_t(n >> (8 * i));
+    test::write_bytes(ck.dir.path / "model.safetensors", bytes.data(), bytes.size());
+    CHECK(run(ck.dir.path.string() + " -o " + (tmp.path / "h.mds").string()) == 2);
+    const std::string hostile = err_text();
+    CHECK(hostile.find("model.safetensors: header length: expected at most 104857600 bytes, found "
+                       "209715200") != std::string::npos);
+    CHECK(std::count(hostile.begin(), hostile.end(), '\n') == 1);
+    CHECK(!fs::exists(tmp.path / "h.mds"));
+    CHECK(!fs::exists(tmp.path / "h.mds.tmp"));
 
     // Interrupt a large synthetic conversion shortly after it starts.
     const fs::path big = tmp.path / "big.mds";
@@ -435,8 +490,8 @@ TEST_CASE("convert: the CLI maps bad input to exit 2 with one line, and Ctrl-C t
     REQUIRE(pid >= 0);
     if (pid == 0) {
         std::freopen("/dev/null", "w", stderr);
-        execl(test::minids_binary().c_str(), "minids", "convert", "--synthetic", "v2-lite", "-o", big.c_str(), "--threads",
-              "1", "-q", static_cast<char*>(nullptr));
+        execl(test::minids_binary().c_str(), "minids", "convert", "--synthetic", "v2-lite", "-o",
+              big.c_str(), "--threads", "1", "-q", static_cast<char*>(nullptr));
         _exit(127);
     }
     // Wait until it has created OUT.tmp, then interrupt.
@@ -461,7 +516,8 @@ TEST_CASE("convert: the loader accepts the output; tokenizer and chat template r
     CHECK(f->experts().blobs.size() == 48);
     json tok = test::read_json_file_for_test(fixture_dir() / "tokenizer.json");
     json tok_cfg = test::read_json_file_for_test(fixture_dir() / "tokenizer_config.json");
-    CHECK(tokenizer_data_to_json(f->tokenizer()) == tokenizer_data_to_json(tokenizer_data_from_hf(tok, tok_cfg)));
+    CHECK(tokenizer_data_to_json(f->tokenizer()) ==
+          tokenizer_data_to_json(tokenizer_data_from_hf(tok, tok_cfg)));
     CHECK(f->tokenizer().chat_template == tok_cfg["chat_template"].get<std::string>());
     CHECK(f->tokenizer().vocab.size() == 1024);
     CHECK(f->tokenizer().bos_id == 0);

@@ -18,8 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-convert::ConvertStats synth(const std::string& preset, const fs::path& out, int threads, uint64_t seed = 7,
-                            mgl::dtype expert_dtype = mgl::dtype::f8_e4m3, bool dry_run = false) {
+convert::ConvertStats synth(const std::string& preset, const fs::path& out, int threads,
+                            uint64_t seed = 7, mgl::dtype expert_dtype = mgl::dtype::f8_e4m3,
+                            bool dry_run = false) {
     convert::SyntheticOptions o;
     o.preset = preset;
     o.seed = seed;
@@ -40,7 +41,8 @@ float bf16_at(const uint8_t* p) {
 
 }  // namespace
 
-TEST_CASE("synthetic: tiny is deterministic across thread counts, differs across seeds, and loads") {
+TEST_CASE(
+    "synthetic: tiny is deterministic across thread counts, differs across seeds, and loads") {
     test::TempDir tmp;
     synth("tiny", tmp.path / "a.mds", 1);
     synth("tiny", tmp.path / "b.mds", 3);
@@ -82,7 +84,9 @@ TEST_CASE("synthetic: tiny is deterministic across thread counts, differs across
                 sum2 += v * v;
             }
             double mean = sum / double(n), sd = std::sqrt(sum2 / double(n) - mean * mean);
-            double want = t.role == convert::TensorRole::embedding ? 1.0 : 1.0 / std::sqrt(double(t.shape[1]));
+            double want = t.role == convert::TensorRole::embedding
+                              ? 1.0
+                              : 1.0 / std::sqrt(double(t.shape[1]));
             CAPTURE(t.name);
             CHECK(sd == doctest::Approx(want).epsilon(0.1));
             CHECK(std::fabs(mean) < 0.1 * want);
@@ -131,7 +135,8 @@ TEST_CASE("synthetic: v2-lite and v2 have the real models' shapes (planned layou
         CHECK(c.num_experts_per_tok == 6);
         CHECK(!c.q_lora_rank.has_value());
         CHECK(c.kv_cache_width() == 576);
-        convert::ConvertStats st = synth("v2-lite", tmp.path / "x.mds", 2, 0, mgl::dtype::f8_e4m3, /*dry_run=*/true);
+        convert::ConvertStats st =
+            synth("v2-lite", tmp.path / "x.mds", 2, 0, mgl::dtype::f8_e4m3, /*dry_run=*/true);
         CHECK(!fs::exists(tmp.path / "x.mds"));
         CHECK(!fs::exists(tmp.path / "x.mds.tmp"));
         CHECK(st.n_blobs == 26 * 64);
@@ -140,10 +145,12 @@ TEST_CASE("synthetic: v2-lite and v2 have the real models' shapes (planned layou
         // Dense parameters of DeepSeek-V2-Lite (15.7B total, 14.4B of it in routed experts).
         const uint64_t D = 2048, V = 102400;
         uint64_t attn = 16 * 192 * D + 576 * D + 512 + 16 * 256 * 512 + D * 16 * 128;
-        uint64_t params = 2 * V * D + D + 27 * (attn + 2 * D) + 3 * 10944 * D + 26 * (64 * D + 3 * 2816 * D);
+        uint64_t params =
+            2 * V * D + D + 27 * (attn + 2 * D) + 3 * 10944 * D + 26 * (64 * D + 3 * 2816 * D);
         CHECK(st.dense_bytes == 2 * params);
         CHECK(st.file_size > st.dense_bytes + st.expert_bytes);
-        CHECK(st.file_size < st.dense_bytes + st.expert_bytes + 400 * 4096 + 1664 * 4096 + (64 << 20));
+        CHECK(st.file_size <
+              st.dense_bytes + st.expert_bytes + 400 * 4096 + 1664 * 4096 + (64 << 20));
         CHECK(st.file_size % 4096 == 0);
     }
     SUBCASE("v2") {
@@ -154,7 +161,8 @@ TEST_CASE("synthetic: v2-lite and v2 have the real models' shapes (planned layou
         CHECK(c.n_group == 8);
         CHECK(c.topk_group == 3);
         CHECK(c.routed_scaling_factor == 16.0);
-        convert::ConvertStats st = synth("v2", tmp.path / "x.mds", 2, 0, mgl::dtype::f8_e4m3, /*dry_run=*/true);
+        convert::ConvertStats st =
+            synth("v2", tmp.path / "x.mds", 2, 0, mgl::dtype::f8_e4m3, /*dry_run=*/true);
         CHECK(!fs::exists(tmp.path / "x.mds"));
         CHECK(st.n_blobs == 59 * 160);
         // 236B parameters in total: ~222.6B in routed experts (59 × 160 × 3 × 1536 × 5120).

@@ -35,7 +35,9 @@ inline nlohmann::json read_json_file_for_test(const std::filesystem::path& p) {
     return nlohmann::json::parse(b.begin(), b.end());
 }
 
-inline void write_text(const std::filesystem::path& p, const std::string& s) { write_bytes(p, s.data(), s.size()); }
+inline void write_text(const std::filesystem::path& p, const std::string& s) {
+    write_bytes(p, s.data(), s.size());
+}
 
 // A safetensors file from a header JSON text and a data area, verbatim (so tests can make it
 // hostile in any way).
@@ -61,7 +63,9 @@ inline void write_safetensors(const std::filesystem::path& p, const std::vector<
     nlohmann::json h = nlohmann::json::object();
     std::vector<uint8_t> data;
     for (const StEntry& e : entries) {
-        h[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {data.size(), data.size() + e.bytes.size()}}};
+        h[e.name] = {{"dtype", e.dtype},
+                     {"shape", e.shape},
+                     {"data_offsets", {data.size(), data.size() + e.bytes.size()}}};
         data.insert(data.end(), e.bytes.begin(), e.bytes.end());
     }
     h["__metadata__"] = {{"format", "pt"}};

@@ -1,8 +1,8 @@
 // The .mds writer on its own: planned offsets, alignment, fixed manifest length, misuse refused,
 // OUT.tmp removed when a writer is abandoned.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include "mds/writer.h"
 #include "test_convert_util.h"
@@ -57,22 +57,26 @@ TEST_CASE("writer: offsets, checksums, zero padding, and the manifest as planned
         CHECK(fs::exists(tmp.path / "w.mds.tmp"));
         for (size_t i = 0; i < 4; ++i) {
             uint64_t n = i == 0 ? 30 : i == 1 ? 4097 * 4 : w.expert_layout().blob_nbytes;
-            data.push_back(test::read_bytes(test::data_dir() / "tiny-v2-lite" / "reference.safetensors"));
+            data.push_back(
+                test::read_bytes(test::data_dir() / "tiny-v2-lite" / "reference.safetensors"));
             data.back().resize(n);
             for (size_t k = 0; k < n; ++k) data.back()[k] = uint8_t(data.back()[k] ^ (k * 131 + i));
         }
         CHECK_THROWS_AS(w.write_tensor(a, data[0].data(), 29), mds::WriterError);  // wrong size
-        w.write_tensor(b, data[1].data(), data[1].size());  // any order
+        w.write_tensor(b, data[1].data(), data[1].size());                         // any order
         w.write_blob(e1, data[3].data(), data[3].size());
         w.write_tensor(a, data[0].data(), data[0].size());
-        CHECK_THROWS_AS(w.write_tensor(a, data[0].data(), data[0].size()), mds::WriterError);  // twice
+        CHECK_THROWS_AS(w.write_tensor(a, data[0].data(), data[0].size()),
+                        mds::WriterError);              // twice
         CHECK_THROWS_AS(w.commit(), mds::WriterError);  // e0 missing
         w.write_blob(e0, data[2].data(), data[2].size());
         w.commit();
     }
     CHECK(!fs::exists(tmp.path / "w.mds.tmp"));
     test::MdsContents m = test::read_mds(out);
-    CHECK(m.bytes.size() == size_t(test::read_mds(out).manifest["experts"]["blobs"][1]["offset"].get<uint64_t>() + 12288));
+    CHECK(m.bytes.size() ==
+          size_t(test::read_mds(out).manifest["experts"]["blobs"][1]["offset"].get<uint64_t>() +
+                 12288));
     CHECK(m.manifest["version"] == 1);
     CHECK(m.manifest["config"] == json{{"k", 1}});
     const json& t = m.manifest["tensors"];
@@ -83,7 +87,8 @@ TEST_CASE("writer: offsets, checksums, zero padding, and the manifest as planned
     CHECK(t[1]["nbytes"] == 4097 * 4);
     CHECK(std::memcmp(m.bytes.data() + 8192, data[1].data(), data[1].size()) == 0);
     CHECK(t[0]["xxh3"] == mds::xxh3_hex(XXH3_64bits(data[0].data(), 30)));
-    CHECK(m.manifest["experts"]["blobs"][0]["xxh3"] == mds::xxh3_hex(XXH3_64bits(data[2].data(), data[2].size())));
+    CHECK(m.manifest["experts"]["blobs"][0]["xxh3"] ==
+          mds::xxh3_hex(XXH3_64bits(data[2].data(), data[2].size())));
     CHECK(m.preamble.manifest_xxh3 == XXH3_64bits(m.bytes.data() + 48, m.preamble.manifest_len));
     // Padding after tensor a is zero.
     for (size_t i = 4096 + 30; i < 8192; ++i) REQUIRE(m.bytes[i] == 0);
@@ -116,7 +121,9 @@ TEST_CASE("writer: an abandoned writer removes OUT.tmp and leaves an existing OU
 TEST_CASE("writer: a manifest that outgrows the first page moves the data") {
     test::TempDir tmp;
     mds::MdsWriter w(tmp.path / "big.mds", false);
-    for (int i = 0; i < 300; ++i) w.add_tensor("model.layers." + std::to_string(i) + ".some_long_tensor_name.weight", mgl::dtype::bf16, {7});
+    for (int i = 0; i < 300; ++i)
+        w.add_tensor("model.layers." + std::to_string(i) + ".some_long_tensor_name.weight",
+                     mgl::dtype::bf16, {7});
     w.set_config(json::object());
     w.plan();
     CHECK(w.data_offset() % 4096 == 0);
@@ -131,7 +138,8 @@ TEST_CASE("writer: a manifest that outgrows the first page moves the data") {
     CHECK(m.manifest["tensors"][299]["offset"] == w.data_offset() + 299 * 4096);
 }
 
-TEST_CASE("writer: AlignedBuffer keeps its prefix, zeroes up to the padded size, stays 4096-aligned") {
+TEST_CASE(
+    "writer: AlignedBuffer keeps its prefix, zeroes up to the padded size, stays 4096-aligned") {
     mds::AlignedBuffer b(5000);
     CHECK(reinterpret_cast<uintptr_t>(b.data()) % 4096 == 0);
     CHECK(b.padded_size() == 8192);

@@ -110,8 +110,10 @@ void check_plan_sound(const mgl::graph& g, const mgl::alloc_plan& plan) {
             bool live_together = a0 <= b1 && b0 <= a1;
             bool overlap = oa < ob + mgl::nbytes(*b) && ob < oa + mgl::nbytes(*a);
             if (live_together && overlap) {
-                CAPTURE(a->name);
-                CAPTURE(b->name);
+                // Copies: clang 14 cannot capture structured bindings in CAPTURE's lambda.
+                const std::string name_a = a->name, name_b = b->name;
+                CAPTURE(name_a);
+                CAPTURE(name_b);
                 CHECK_FALSE(overlap);
             }
         }

@@ -1,5 +1,10 @@
 // The safetensors reader: well-formed files and checkpoints parse; hostile ones are refused with
 // one message naming the file and the problem.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <random>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -82,7 +87,9 @@ TEST_CASE("safetensors: hostile headers are refused by name") {
         uint64_t n = (100ull << 20) + 1;
         for (int i = 0; i < 8; ++i) bytes[size_t(i)] = uint8_t(n >> (8 * i));
         test::write_bytes(p, bytes.data(), bytes.size());
-        CHECK(header_error(p).find("header length: expected at most 104857600 bytes, found 104857601") != std::string::npos);
+        CHECK(header_error(p).find(
+                  "header length: expected at most 104857600 bytes, found 104857601") !=
+              std::string::npos);
     }
     SUBCASE("header length past the end") {
         fs::path p = dir.path / "x.safetensors";
@@ -97,7 +104,8 @@ TEST_CASE("safetensors: hostile headers are refused by name") {
         CHECK(header_error(p).find("file too short") != std::string::npos);
     }
     SUBCASE("not JSON") {
-        CHECK(raw_error(dir, "{\"a\": {\"dtype\": ", 0).find("expected valid JSON") != std::string::npos);
+        CHECK(raw_error(dir, "{\"a\": {\"dtype\": ", 0).find("expected valid JSON") !=
+              std::string::npos);
     }
     SUBCASE("not an object") {
         CHECK(raw_error(dir, "[1, 2]", 0).find("expected a JSON object") != std::string::npos);
@@ -108,12 +116,14 @@ TEST_CASE("safetensors: hostile headers are refused by name") {
         CHECK(raw_error(dir, h, 8).find("duplicate JSON key \"w\"") != std::string::npos);
     }
     SUBCASE("duplicate keys inside a tensor entry") {
-        std::string h = R"({"w": {"dtype": "BF16", "dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})";
+        std::string h =
+            R"({"w": {"dtype": "BF16", "dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})";
         CHECK(raw_error(dir, h, 4).find("duplicate JSON key \"dtype\"") != std::string::npos);
     }
     SUBCASE("offsets past the end") {
         std::string h = R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}})";
-        CHECK(raw_error(dir, h, 6).find("past the end of the data area (6 bytes)") != std::string::npos);
+        CHECK(raw_error(dir, h, 6).find("past the end of the data area (6 bytes)") !=
+              std::string::npos);
     }
     SUBCASE("overlapping tensors") {
         std::string h = R"({"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
@@ -131,28 +141,36 @@ TEST_CASE("safetensors: hostile headers are refused by name") {
     }
     SUBCASE("dtype × shape disagrees with the byte range") {
         std::string h = R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})";
-        CHECK(raw_error(dir, h, 8).find("expected F32 × [3] = 12 bytes, found data_offsets spanning 8") !=
+        CHECK(raw_error(dir, h, 8).find(
+                  "expected F32 × [3] = 12 bytes, found data_offsets spanning 8") !=
               std::string::npos);
     }
     SUBCASE("shape whose element count overflows") {
         std::string h =
             R"({"w": {"dtype": "BF16", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 8]}})";
-        CHECK(raw_error(dir, h, 8).find("needs more bytes than the file holds") != std::string::npos);
+        CHECK(raw_error(dir, h, 8).find("needs more bytes than the file holds") !=
+              std::string::npos);
     }
     SUBCASE("unknown dtype") {
         std::string h = R"({"w": {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 2]}})";
-        CHECK(raw_error(dir, h, 2).find("expected BF16, F16 or F32, found \"Q4_K\"") != std::string::npos);
+        CHECK(raw_error(dir, h, 2).find("expected BF16, F16 or F32, found \"Q4_K\"") !=
+              std::string::npos);
     }
     SUBCASE("negative and non-integer fields") {
-        CHECK(raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [-2], "data_offsets": [0, 4]}})", 4)
-                  .find("expected a non-negative integer") != std::string::npos);
-        CHECK(raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, "4"]}})", 4)
-                  .find("expected a non-negative integer, found string") != std::string::npos);
+        CHECK(
+            raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [-2], "data_offsets": [0, 4]}})", 4)
+                .find("expected a non-negative integer") != std::string::npos);
+        CHECK(
+            raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, "4"]}})", 4)
+                .find("expected a non-negative integer, found string") != std::string::npos);
         CHECK(raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 0]}})", 4)
                   .find("expected begin <= end") != std::string::npos);
-        CHECK(raw_error(dir, R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4], "x": 1}})", 4)
+        CHECK(raw_error(dir,
+                        R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4], "x": 1}})",
+                        4)
                   .find("unknown field \"x\"") != std::string::npos);
-        CHECK(raw_error(dir, R"({"__metadata__": {"format": 1}})", 0).find("__metadata__.format") != std::string::npos);
+        CHECK(raw_error(dir, R"({"__metadata__": {"format": 1}})", 0).find("__metadata__.format") !=
+              std::string::npos);
     }
     SUBCASE("the message names the file") {
         CHECK(raw_error(dir, "[]", 0).find("hostile.safetensors") != std::string::npos);
@@ -164,7 +182,8 @@ TEST_CASE("safetensors: checkpoint index consistency") {
     test::write_safetensors(dir.path / "a.safetensors", {{"x", "BF16", {2}, random_bytes(4, 5)}});
     test::write_safetensors(dir.path / "b.safetensors", {{"y", "BF16", {2}, random_bytes(4, 6)}});
     auto index_error = [&](const json& weight_map) -> std::string {
-        test::write_text(dir.path / "model.safetensors.index.json", json{{"weight_map", weight_map}}.dump());
+        test::write_text(dir.path / "model.safetensors.index.json",
+                         json{{"weight_map", weight_map}}.dump());
         try {
             open_checkpoint(dir.path);
         } catch (const InputError& e) {
@@ -173,18 +192,20 @@ TEST_CASE("safetensors: checkpoint index consistency") {
         return "";
     };
     CHECK(index_error({{"x", "a.safetensors"}, {"y", "b.safetensors"}}).empty());
-    CHECK(index_error({{"x", "a.safetensors"}, {"y", "a.safetensors"}}).find("\"y\" listed in the index is missing") !=
+    CHECK(index_error({{"x", "a.safetensors"}, {"y", "a.safetensors"}})
+              .find("\"y\" listed in the index is missing") != std::string::npos);
+    CHECK(index_error({{"x", "b.safetensors"}, {"y", "a.safetensors"}})
+              .find("the index places it in") != std::string::npos);
+    test::write_safetensors(dir.path / "c.safetensors", {{"w", "BF16", {2}, random_bytes(4, 7)},
+                                                         {"v", "BF16", {2}, random_bytes(4, 8)}});
+    CHECK(index_error({{"w", "c.safetensors"}}).find("\"v\" is not listed in") !=
           std::string::npos);
-    CHECK(index_error({{"x", "b.safetensors"}, {"y", "a.safetensors"}}).find("the index places it in") !=
-          std::string::npos);
-    test::write_safetensors(dir.path / "c.safetensors",
-                            {{"w", "BF16", {2}, random_bytes(4, 7)}, {"v", "BF16", {2}, random_bytes(4, 8)}});
-    CHECK(index_error({{"w", "c.safetensors"}}).find("\"v\" is not listed in") != std::string::npos);
     CHECK(index_error({{"x", "a.safetensors"}, {"y", "b.safetensors"}, {"z", "b.safetensors"}})
               .find("\"z\" listed in the index is missing") != std::string::npos);
-    CHECK(index_error({{"x", "../a.safetensors"}}).find("expected a file name in the same directory") !=
+    CHECK(index_error({{"x", "../a.safetensors"}})
+              .find("expected a file name in the same directory") != std::string::npos);
+    CHECK(index_error({{"x", "a.safetensors"}, {"y", "missing.safetensors"}}).find("cannot open") !=
           std::string::npos);
-    CHECK(index_error({{"x", "a.safetensors"}, {"y", "missing.safetensors"}}).find("cannot open") != std::string::npos);
 
     test::TempDir empty;
     try {
@@ -193,4 +214,61 @@ TEST_CASE("safetensors: checkpoint index consistency") {
     } catch (const InputError& e) {
         CHECK(std::string(e.what()).find("found neither") != std::string::npos);
     }
+}
+
+TEST_CASE("safetensors: randomly corrupted files are parsed or refused, never anything else") {
+    test::TempDir dir;
+    const fs::path good = dir.path / "good.safetensors";
+    test::write_safetensors(good, {{"model.norm.weight", "BF16", {5}, random_bytes(10, 11)},
+                                   {"lm_head.weight", "F32", {3, 2}, random_bytes(24, 12)},
+                                   {"x", "F16", {2, 2}, random_bytes(8, 13)}});
+    const std::vector<uint8_t> base = test::read_bytes(good);
+    // The mutants live in a memfd (reached through /proc/self/fd): thousands of rewrites of a
+    // disk file are slow where truncation discards blocks.
+    const int mfd = memfd_create("mutant.safetensors", MFD_CLOEXEC);
+    REQUIRE(mfd >= 0);
+    const fs::path p = "/proc/self/fd/" + std::to_string(mfd);
+    std::mt19937_64 rng(4242);
+    int parsed = 0, refused = 0;
+    for (int iter = 0; iter < 10000; ++iter) {
+        std::vector<uint8_t> b = base;
+        const int edits = 1 + int(rng() % 4);
+        for (int e = 0; e < edits; ++e) {
+            switch (rng() % 4) {
+                case 0:
+                    b[rng() % b.size()] = uint8_t(rng());
+                    break;  // any byte
+                case 1:     // a JSON-ish character inside the header
+                    if (b.size() > 8)
+                        b[8 + rng() % (b.size() - 8)] = "0123456789[]{}\",:-e."[rng() % 20];
+                    break;
+                case 2:
+                    b.resize(rng() % b.size());
+                    break;  // truncate
+                case 3:
+                    b.insert(b.begin() + long(rng() % b.size()), uint8_t(rng()));
+                    break;
+            }
+            if (b.empty()) b.push_back(0);
+        }
+        REQUIRE(ftruncate(mfd, 0) == 0);
+        REQUIRE(pwrite(mfd, b.data(), b.size(), 0) == ssize_t(b.size()));
+        try {
+            StHeader h = read_safetensors_header(p);
+            ++parsed;
+            // Whatever parsed must be self-consistent.
+            uint64_t pos = 0;
+            for (const StTensor& t : h.tensors) {
+                REQUIRE(t.begin == pos);
+                REQUIRE(uint64_t(t.nelements()) * st_dtype_size(t.dtype) == t.nbytes());
+                pos = t.end;
+            }
+            REQUIRE(h.data_start + pos == h.file_size);
+        } catch (const InputError&) {
+            ++refused;
+        }
+    }
+    close(mfd);
+    CHECK(parsed > 0);
+    CHECK(refused > 3000);
 }

@@ -2,8 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "test_util.h"
 #include "tokenizer/byte_level.h"
@@ -104,9 +104,9 @@ TEST_CASE("tokenizer: random Unicode text round-trips through both tokenizers") 
     // whitespace of every kind (NEL, NBSP, ideographic space), digits of other scripts, CJK,
     // kana, Hangul, combining marks, emoji, and the added tokens' own brackets.
     const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
-        {0x20, 0x7E},     {0x09, 0x0D},     {0x80, 0xFF},     {0x0300, 0x036F}, {0x0660, 0x0669},
-        {0x2000, 0x200D}, {0x3000, 0x3003}, {0x3040, 0x30FF}, {0x4E00, 0x9FFF}, {0xAC00, 0xAC40},
-        {0xFF01, 0xFF5E}, {0x1F300, 0x1F64F}};
+        {0x20, 0x7E},     {0x09, 0x0D},     {0x80, 0xFF},     {0x0300, 0x036F},
+        {0x0660, 0x0669}, {0x2000, 0x200D}, {0x3000, 0x3003}, {0x3040, 0x30FF},
+        {0x4E00, 0x9FFF}, {0xAC00, 0xAC40}, {0xFF01, 0xFF5E}, {0x1F300, 0x1F64F}};
     std::mt19937 rng(20261129);
     for (const auto* tok : {&tiny_tokenizer(), &v3_tokenizer()}) {
         for (int round = 0; round < 200; ++round) {

@@ -206,3 +206,15 @@ TEST_CASE("tokenizer rules: random bytes are encoded or refused as invalid UTF-8
     CHECK(encoded > 1000);
     CHECK(refused > 100);
 }
+
+TEST_CASE("tokenizer rules: 12 MB of text encodes (no PCRE2 match limit on long searches)") {
+    const minids::Tokenizer tok(minids::synthetic_byte_tokenizer(300));
+    // One whitespace run: `\s*[\r\n]+` backtracks over all of it before `\s+(?!\S)` matches,
+    // more than PCRE2's default limit of 10 million steps per search.
+    const std::string text = "a" + std::string(12'000'000, ' ') + "b";
+    const auto ids = tok.encode(text, false);
+    REQUIRE(ids.size() == text.size());
+    CHECK(ids.front() == 'a');
+    CHECK(ids[1] == ' ');
+    CHECK(ids.back() == 'b');
+}

@@ -26,11 +26,12 @@ struct ConvertArgs {
     bool quiet = false;
 };
 
-void print_stats(const char* what, const std::string& out, const convert::ConvertStats& st, bool dry_run) {
-    std::fprintf(stderr,
-                 "%s %s: %.3f GB (%zu dense tensors, %.3f GB; %zu expert blobs, %.3f GB)%s",
-                 what, out.c_str(), double(st.file_size) / 1e9, st.n_tensors, double(st.dense_bytes) / 1e9,
-                 st.n_blobs, double(st.expert_bytes) / 1e9, dry_run ? "\n" : "");
+void print_stats(const char* what, const std::string& out, const convert::ConvertStats& st,
+                 bool dry_run) {
+    std::fprintf(stderr, "%s %s: %.3f GB (%zu dense tensors, %.3f GB; %zu expert blobs, %.3f GB)%s",
+                 what, out.c_str(), double(st.file_size) / 1e9, st.n_tensors,
+                 double(st.dense_bytes) / 1e9, st.n_blobs, double(st.expert_bytes) / 1e9,
+                 dry_run ? "\n" : "");
     if (!dry_run)
         std::fprintf(stderr, " in %.2f s, %.2f GB/s\n", st.seconds,
                      st.seconds > 0 ? double(st.file_size) / 1e9 / st.seconds : 0.0);
@@ -44,7 +45,14 @@ int run_convert(const ConvertArgs& a) {
         return exit_bad_input;
     }
     if (a.synthetic.empty() == a.hf_dir.empty()) {
-        std::fprintf(stderr, "minids convert: expected either HF_DIR or --synthetic PRESET (exactly one)\n");
+        std::fprintf(
+            stderr, "minids convert: expected either HF_DIR or --synthetic PRESET (exactly one)\n");
+        return exit_bad_input;
+    }
+    if (a.threads < 0) {
+        std::fprintf(stderr,
+                     "minids convert: --threads: expected 0 (all) or a positive count, found %d\n",
+                     a.threads);
         return exit_bad_input;
     }
     if (a.out.empty() && !a.dry_run) {
@@ -66,7 +74,8 @@ int run_convert(const ConvertArgs& a) {
             print_stats(a.dry_run ? "would write" : "wrote", o.out.string(), st, a.dry_run);
         } else {
             if (a.dry_run) {
-                std::fprintf(stderr, "minids convert: --dry-run is only supported with --synthetic\n");
+                std::fprintf(stderr,
+                             "minids convert: --dry-run is only supported with --synthetic\n");
                 return exit_bad_input;
             }
             convert::ConvertOptions o;
@@ -96,18 +105,25 @@ int run_convert(const ConvertArgs& a) {
 
 void add_convert_command(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<ConvertArgs>();
-    auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face checkpoint (or a synthetic preset) to .mds");
-    cmd->add_option("HF_DIR", args->hf_dir,
-                    "checkpoint directory: config.json, model.safetensors or model-*.safetensors + index, "
-                    "tokenizer.json, tokenizer_config.json");
-    cmd->add_option("-o,--output", args->out, "output .mds file (written as OUT.tmp, renamed on success)");
-    cmd->add_option("--expert-dtype", args->expert_dtype, "routed expert storage: fp8 (E4M3 + row scales) or bf16")
+    auto* cmd = app.add_subcommand(
+        "convert", "Convert a Hugging Face checkpoint (or a synthetic preset) to .mds");
+    cmd->add_option(
+        "HF_DIR", args->hf_dir,
+        "checkpoint directory: config.json, model.safetensors or model-*.safetensors + index, "
+        "tokenizer.json, tokenizer_config.json");
+    cmd->add_option("-o,--output", args->out,
+                    "output .mds file (written as OUT.tmp, renamed on success)");
+    cmd->add_option("--expert-dtype", args->expert_dtype,
+                    "routed expert storage: fp8 (E4M3 + row scales) or bf16")
         ->capture_default_str();
-    cmd->add_option("--threads", args->threads, "worker threads (0: all hardware threads)")->capture_default_str();
+    cmd->add_option("--threads", args->threads, "worker threads (0: all hardware threads)")
+        ->capture_default_str();
     cmd->add_flag("--force", args->force, "overwrite an existing output file");
-    cmd->add_option("--synthetic", args->synthetic, "write random weights of a preset's exact shapes: tiny, v2-lite, v2");
+    cmd->add_option("--synthetic", args->synthetic,
+                    "write random weights of a preset's exact shapes: tiny, v2-lite, v2");
     cmd->add_option("--seed", args->seed, "random seed for --synthetic")->capture_default_str();
-    cmd->add_flag("--dry-run", args->dry_run, "with --synthetic: plan the layout and print sizes, write nothing");
+    cmd->add_flag("--dry-run", args->dry_run,
+                  "with --synthetic: plan the layout and print sizes, write nothing");
     cmd->add_flag("-q,--quiet", args->quiet, "no progress line");
     cmd->callback([args, &exit_code] { exit_code = run_convert(*args); });
 }

@@ -46,7 +46,9 @@
 // }
 //
 // FP8 experts: E4M3 with one F32 scale per output row, scale = row absmax / 448 (a zero row gets
-// scale 1), W_fp8[n, k] = f32_to_e4m3(W[n, k] / scale[n]).
+// scale 1; a row of tiny subnormals whose absmax / 448 underflows to 0 gets the smallest positive
+// float), W_fp8[n, k] = f32_to_e4m3(W[n, k] / scale[n]). Synthetic files draw the codes
+// directly, so there the scales are only near row absmax / 448 (tools/convert/synthetic.h).
 // The routed experts' checkpoint names (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight)
 // do not appear in "tensors"; every other checkpoint tensor does, in BF16 (the converter rounds
 // F32 and F16 checkpoint tensors to BF16, nearest-even, and copies BF16 ones bit for bit; readers

@@ -19,8 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-#define WRITER_FAULT(msg) \
-    throw WriterError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": internal: " + (msg))
+#define WRITER_FAULT(msg)                                                      \
+    throw WriterError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                      ": internal: " + (msg))
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -28,22 +29,32 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // match mgl::dtype_name / dtype_size (the reader uses those).
 const char* dtype_str(mgl::dtype t) {
     switch (t) {
-        case mgl::dtype::f32: return "f32";
-        case mgl::dtype::f16: return "f16";
-        case mgl::dtype::bf16: return "bf16";
-        case mgl::dtype::f8_e4m3: return "f8_e4m3";
-        case mgl::dtype::i32: return "i32";
+        case mgl::dtype::f32:
+            return "f32";
+        case mgl::dtype::f16:
+            return "f16";
+        case mgl::dtype::bf16:
+            return "bf16";
+        case mgl::dtype::f8_e4m3:
+            return "f8_e4m3";
+        case mgl::dtype::i32:
+            return "i32";
     }
     return "?";
 }
 
 uint64_t dtype_bytes(mgl::dtype t) {
     switch (t) {
-        case mgl::dtype::f32: return 4;
-        case mgl::dtype::f16: return 2;
-        case mgl::dtype::bf16: return 2;
-        case mgl::dtype::f8_e4m3: return 1;
-        case mgl::dtype::i32: return 4;
+        case mgl::dtype::f32:
+            return 4;
+        case mgl::dtype::f16:
+            return 2;
+        case mgl::dtype::bf16:
+            return 2;
+        case mgl::dtype::f8_e4m3:
+            return 1;
+        case mgl::dtype::i32:
+            return 4;
     }
     return 0;
 }
@@ -51,11 +62,13 @@ uint64_t dtype_bytes(mgl::dtype t) {
 // Elements × element size, refusing shapes whose byte count would overflow.
 uint64_t shape_bytes(mgl::dtype t, const std::vector<int64_t>& shape, const std::string& what) {
     if (shape.empty() || shape.size() > size_t(mds_max_dims))
-        WRITER_FAULT(what + ": expected 1.." + std::to_string(mds_max_dims) + " dims, found " + std::to_string(shape.size()));
+        WRITER_FAULT(what + ": expected 1.." + std::to_string(mds_max_dims) + " dims, found " +
+                     std::to_string(shape.size()));
     uint64_t n = dtype_bytes(t);
     for (int64_t d : shape) {
         if (d < 0) WRITER_FAULT(what + ": negative dimension");
-        if (d != 0 && n > (uint64_t(1) << 62) / uint64_t(d)) WRITER_FAULT(what + ": shape too large");
+        if (d != 0 && n > (uint64_t(1) << 62) / uint64_t(d))
+            WRITER_FAULT(what + ": shape too large");
         n *= uint64_t(d);
     }
     return n;
@@ -121,9 +134,12 @@ void AlignedBuffer::resize(size_t n) {
     if (padded > capacity_ || !mem_) {
         const size_t cap = std::max<size_t>(padded, mds_alignment);
         auto* p = static_cast<uint8_t*>(std::aligned_alloc(mds_alignment, cap));
-        if (!p) throw WriterError("out of memory allocating a " + std::to_string(cap) + "-byte buffer");
-        if (mem_) std::memcpy(p, mem_.get(), std::min(size_, n));
-        else size_ = 0;
+        if (!p)
+            throw WriterError("out of memory allocating a " + std::to_string(cap) + "-byte buffer");
+        if (mem_)
+            std::memcpy(p, mem_.get(), std::min(size_, n));
+        else
+            size_ = 0;
         mem_.reset(p);
         capacity_ = cap;
     }
@@ -132,7 +148,8 @@ void AlignedBuffer::resize(size_t n) {
     size_ = n;
 }
 
-MdsWriter::MdsWriter(fs::path out_path, bool overwrite) : out_path_(std::move(out_path)), overwrite_(overwrite) {}
+MdsWriter::MdsWriter(fs::path out_path, bool overwrite)
+    : out_path_(std::move(out_path)), overwrite_(overwrite) {}
 
 MdsWriter::~MdsWriter() {
     if (direct_fd_ >= 0) ::close(direct_fd_);
@@ -145,7 +162,8 @@ MdsWriter::~MdsWriter() {
 
 fs::path MdsWriter::tmp_path() const { return fs::path(out_path_.string() + ".tmp"); }
 
-size_t MdsWriter::add_tensor(const std::string& name, mgl::dtype dtype, std::vector<int64_t> shape) {
+size_t MdsWriter::add_tensor(const std::string& name, mgl::dtype dtype,
+                             std::vector<int64_t> shape) {
     if (planned_) WRITER_FAULT("add_tensor after plan()");
     Item it;
     it.name = name;
@@ -198,12 +216,18 @@ json MdsWriter::manifest(bool with_checksums) const {
     if (has_experts_) {
         json blobs = json::array();
         for (const Item& b : blobs_)
-            blobs.push_back({{"layer", b.layer}, {"expert", b.expert}, {"offset", b.offset}, {"xxh3", sum(b)}});
-        experts = {{"dtype", dtype_str(layout_.dtype)}, {"n_embd", layout_.n_embd},     {"n_ff", layout_.n_ff},
-                   {"layout", layout_.to_json()},       {"blob_nbytes", layout_.blob_nbytes}, {"blobs", blobs}};
+            blobs.push_back(
+                {{"layer", b.layer}, {"expert", b.expert}, {"offset", b.offset}, {"xxh3", sum(b)}});
+        experts = {{"dtype", dtype_str(layout_.dtype)},
+                   {"n_embd", layout_.n_embd},
+                   {"n_ff", layout_.n_ff},
+                   {"layout", layout_.to_json()},
+                   {"blob_nbytes", layout_.blob_nbytes},
+                   {"blobs", blobs}};
     }
-    return {{"format", "minids"},     {"version", mds_version}, {"config", config_},   {"tokenizer", tokenizer_},
-            {"tensors", tensors},     {"experts", experts},     {"provenance", provenance_}};
+    return {{"format", "minids"},       {"version", mds_version}, {"config", config_},
+            {"tokenizer", tokenizer_},  {"tensors", tensors},     {"experts", experts},
+            {"provenance", provenance_}};
 }
 
 void MdsWriter::plan() {
@@ -233,7 +257,8 @@ void MdsWriter::plan() {
         data_offset_ = need;
     }
     if (manifest_len_ > mds_max_manifest_bytes)
-        WRITER_FAULT("manifest of " + std::to_string(manifest_len_) + " bytes exceeds the format's limit");
+        WRITER_FAULT("manifest of " + std::to_string(manifest_len_) +
+                     " bytes exceeds the format's limit");
     planned_ = true;
 }
 
@@ -242,12 +267,14 @@ void MdsWriter::open() {
     if (fd_ >= 0) WRITER_FAULT("open() called twice");
     std::error_code ec;
     if (!overwrite_ && fs::exists(out_path_, ec))
-        throw WriterError(out_path_.string() + ": the output file already exists (use --force to overwrite it)");
+        throw WriterError(out_path_.string() +
+                          ": the output file already exists (use --force to overwrite it)");
     fd_ = ::open(tmp_path().c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw WriterError(tmp_path().string() + ": cannot create: " + std::strerror(errno));
+    if (fd_ < 0)
+        throw WriterError(tmp_path().string() + ": cannot create: " + std::strerror(errno));
     if (::ftruncate(fd_, off_t(file_size_)) != 0)
-        throw WriterError(tmp_path().string() + ": cannot size to " + std::to_string(file_size_) + " bytes: " +
-                          std::strerror(errno));
+        throw WriterError(tmp_path().string() + ": cannot size to " + std::to_string(file_size_) +
+                          " bytes: " + std::strerror(errno));
     // Not every file system supports O_DIRECT (tmpfs does not); then everything goes buffered.
     direct_fd_ = ::open(tmp_path().c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
 }
@@ -259,10 +286,11 @@ void MdsWriter::pwrite_all(int fd, const void* data, uint64_t nbytes, uint64_t o
         ssize_t r = ::pwrite(fd, p, chunk, off_t(offset));
         if (r < 0) {
             if (errno == EINTR) continue;
-            throw WriterError(tmp_path().string() + ": write failed at offset " + std::to_string(offset) + ": " +
-                              std::strerror(errno));
+            throw WriterError(tmp_path().string() + ": write failed at offset " +
+                              std::to_string(offset) + ": " + std::strerror(errno));
         }
-        if (r == 0) throw WriterError(tmp_path().string() + ": write made no progress (disk full?)");
+        if (r == 0)
+            throw WriterError(tmp_path().string() + ": write made no progress (disk full?)");
         p += r;
         offset += uint64_t(r);
         nbytes -= uint64_t(r);
@@ -273,9 +301,10 @@ void MdsWriter::write_item(Item& item, const void* data, uint64_t nbytes, const 
                            const AlignedBuffer* direct) {
     if (fd_ < 0) WRITER_FAULT(std::string(what) + " written before open()");
     if (nbytes != item.nbytes)
-        WRITER_FAULT(std::string(what) + " " + item.name + ": expected " + std::to_string(item.nbytes) + " bytes, got " +
-                     std::to_string(nbytes));
-    if (item.written.exchange(true)) WRITER_FAULT(std::string(what) + " " + item.name + " written twice");
+        WRITER_FAULT(std::string(what) + " " + item.name + ": expected " +
+                     std::to_string(item.nbytes) + " bytes, got " + std::to_string(nbytes));
+    if (item.written.exchange(true))
+        WRITER_FAULT(std::string(what) + " " + item.name + " written twice");
     item.xxh3 = XXH3_64bits(data, size_t(nbytes));
     // O_DIRECT writes whole 4096-byte blocks: the buffer's zero tail becomes the item's padding,
     // which must be zero anyway and which no other item shares (items start on 4096 boundaries).
@@ -360,12 +389,12 @@ void MdsWriter::commit() {
         if (!t.written) WRITER_FAULT("tensor " + t.name + " was never written");
     for (const Item& b : blobs_)
         if (!b.written)
-            WRITER_FAULT("expert blob (layer " + std::to_string(b.layer) + ", expert " + std::to_string(b.expert) +
-                         ") was never written");
+            WRITER_FAULT("expert blob (layer " + std::to_string(b.layer) + ", expert " +
+                         std::to_string(b.expert) + ") was never written");
     std::string text = manifest(true).dump();
     if (text.size() != manifest_len_)
-        WRITER_FAULT("manifest length changed between plan and commit (" + std::to_string(manifest_len_) + " -> " +
-                     std::to_string(text.size()) + ")");
+        WRITER_FAULT("manifest length changed between plan and commit (" +
+                     std::to_string(manifest_len_) + " -> " + std::to_string(text.size()) + ")");
     mds_preamble pre{};
     std::memcpy(pre.magic, mds_magic, sizeof(pre.magic));
     pre.version = mds_version;
@@ -380,7 +409,8 @@ void MdsWriter::commit() {
         ::close(direct_fd_);
         direct_fd_ = -1;
     }
-    if (::fsync(fd_) != 0) throw WriterError(tmp_path().string() + ": fsync failed: " + std::strerror(errno));
+    if (::fsync(fd_) != 0)
+        throw WriterError(tmp_path().string() + ": fsync failed: " + std::strerror(errno));
     if (::close(fd_) != 0) {
         fd_ = -2;  // closed (or unusable); the destructor still removes the tmp file
         throw WriterError(tmp_path().string() + ": close failed: " + std::strerror(errno));
@@ -388,9 +418,13 @@ void MdsWriter::commit() {
     fd_ = -2;
     std::error_code ec;
     if (!overwrite_ && fs::exists(out_path_, ec))
-        throw WriterError(out_path_.string() + ": the output file appeared during conversion (use --force to overwrite it)");
+        throw WriterError(
+            out_path_.string() +
+            ": the output file appeared during conversion (use --force to overwrite it)");
     fs::rename(tmp_path(), out_path_, ec);
-    if (ec) throw WriterError(out_path_.string() + ": cannot rename the temporary file into place: " + ec.message());
+    if (ec)
+        throw WriterError(out_path_.string() +
+                          ": cannot rename the temporary file into place: " + ec.message());
     committed_ = true;
 }
 

@@ -75,7 +75,9 @@ public:
     uint8_t* data() { return mem_.get(); }
     const uint8_t* data() const { return mem_.get(); }
     size_t size() const { return size_; }
-    size_t padded_size() const { return (size_ + mds_alignment - 1) / mds_alignment * mds_alignment; }
+    size_t padded_size() const {
+        return (size_ + mds_alignment - 1) / mds_alignment * mds_alignment;
+    }
 
 private:
     struct Free {
@@ -132,7 +134,7 @@ public:
 
 private:
     struct Item {
-        std::string name;  // tensors
+        std::string name;               // tensors
         int64_t layer = 0, expert = 0;  // blobs
         mgl::dtype dtype = mgl::dtype::bf16;
         std::vector<int64_t> shape;
@@ -142,12 +144,19 @@ private:
         std::atomic<bool> written{false};
         Item() = default;
         Item(Item&& o) noexcept
-            : name(std::move(o.name)), layer(o.layer), expert(o.expert), dtype(o.dtype),
-              shape(std::move(o.shape)), offset(o.offset), nbytes(o.nbytes), xxh3(o.xxh3),
+            : name(std::move(o.name)),
+              layer(o.layer),
+              expert(o.expert),
+              dtype(o.dtype),
+              shape(std::move(o.shape)),
+              offset(o.offset),
+              nbytes(o.nbytes),
+              xxh3(o.xxh3),
               written(o.written.load()) {}
     };
     nlohmann::json manifest(bool with_checksums) const;
-    void write_item(Item& item, const void* data, uint64_t nbytes, const char* what, const AlignedBuffer* direct);
+    void write_item(Item& item, const void* data, uint64_t nbytes, const char* what,
+                    const AlignedBuffer* direct);
     void pwrite_all(int fd, const void* data, uint64_t nbytes, uint64_t offset);
     bool write_direct_bounced(const Item& item, const uint8_t* data, uint64_t nbytes);
     std::unique_ptr<AlignedBuffer> take_bounce();

@@ -34,7 +34,8 @@ int64_t hf_int(const json& j, const char* key, int64_t def) {
         double d = it->get<double>();
         if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) return int64_t(d);
     }
-    fail(std::string("config.json: field \"") + key + "\": expected an integer, found " + type_name(*it));
+    fail(std::string("config.json: field \"") + key + "\": expected an integer, found " +
+         type_name(*it));
 }
 
 std::optional<int64_t> hf_opt_int(const json& j, const char* key, std::optional<int64_t> def) {
@@ -55,7 +56,8 @@ double hf_double(const json& j, const char* key, double def) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_number())
-        fail(std::string("config.json: field \"") + key + "\": expected a number, found " + type_name(*it));
+        fail(std::string("config.json: field \"") + key + "\": expected a number, found " +
+             type_name(*it));
     return it->get<double>();
 }
 
@@ -63,7 +65,8 @@ bool hf_bool(const json& j, const char* key, bool def) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_boolean())
-        fail(std::string("config.json: field \"") + key + "\": expected true or false, found " + type_name(*it));
+        fail(std::string("config.json: field \"") + key + "\": expected true or false, found " +
+             type_name(*it));
     return it->get<bool>();
 }
 
@@ -71,7 +74,8 @@ std::string hf_string(const json& j, const char* key, const std::string& def) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_string())
-        fail(std::string("config.json: field \"") + key + "\": expected a string, found " + type_name(*it));
+        fail(std::string("config.json: field \"") + key + "\": expected a string, found " +
+             type_name(*it));
     return it->get<std::string>();
 }
 
@@ -81,7 +85,8 @@ int64_t hf_token_id(const json& j, const char* key, int64_t def) {
     auto it = j.find(key);
     if (it != j.end() && it->is_array()) {
         if (it->empty() || !(*it)[0].is_number_integer())
-            fail(std::string("config.json: field \"") + key + "\": expected an integer or a non-empty list of integers");
+            fail(std::string("config.json: field \"") + key +
+                 "\": expected an integer or a non-empty list of integers");
         return (*it)[0].get<int64_t>();
     }
     return hf_int(j, key, def);
@@ -100,18 +105,22 @@ void parse_rope(const json& j, ModelConfig& c) {
     }
     if (!rs) return;
     if (!rs->is_object())
-        fail(std::string("config.json: field \"") + where + "\": expected an object or null, found " + type_name(*rs));
+        fail(std::string("config.json: field \"") + where +
+             "\": expected an object or null, found " + type_name(*rs));
     if (rs->contains("rope_theta")) c.rope_theta = hf_double(*rs, "rope_theta", c.rope_theta);
     std::string type = hf_string(*rs, "type", "");
     if (type.empty()) type = hf_string(*rs, "rope_type", "");
-    if (type.empty()) fail(std::string("config.json: field \"") + where + "\": has neither \"type\" nor \"rope_type\"");
+    if (type.empty())
+        fail(std::string("config.json: field \"") + where +
+             "\": has neither \"type\" nor \"rope_type\"");
     if (type == "default") return;  // plain RoPE, written explicitly
     if (type != "yarn")
         fail(std::string("config.json: field \"") + where + "\": rope type \"" + type +
              "\" is not supported (expected \"yarn\" or \"default\")");
     // Defaults are DeepSeek's yarn_get_mscale / DeepseekV2YarnRotaryEmbedding defaults.
     YarnScaling y;
-    if (!rs->contains("factor")) fail(std::string("config.json: field \"") + where + ".factor\" is missing");
+    if (!rs->contains("factor"))
+        fail(std::string("config.json: field \"") + where + ".factor\" is missing");
     y.factor = hf_double(*rs, "factor", 1.0);
     y.original_max_position_embeddings = hf_int(*rs, "original_max_position_embeddings", 4096);
     y.beta_fast = hf_double(*rs, "beta_fast", 32.0);
@@ -125,14 +134,16 @@ void parse_rope(const json& j, ModelConfig& c) {
 
 const json& man_field(const json& j, const char* key) {
     auto it = j.find(key);
-    if (it == j.end()) fail(std::string("manifest config: required field \"") + key + "\" is missing");
+    if (it == j.end())
+        fail(std::string("manifest config: required field \"") + key + "\" is missing");
     return *it;
 }
 
 int64_t man_int(const json& j, const char* key) {
     const json& v = man_field(j, key);
     if (!v.is_number_integer())
-        fail(std::string("manifest config: field \"") + key + "\": expected an integer, found " + type_name(v));
+        fail(std::string("manifest config: field \"") + key + "\": expected an integer, found " +
+             type_name(v));
     if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
         fail(std::string("manifest config: field \"") + key + "\": integer out of range");
     return v.get<int64_t>();
@@ -146,21 +157,24 @@ std::optional<int64_t> man_opt_int(const json& j, const char* key) {
 double man_double(const json& j, const char* key) {
     const json& v = man_field(j, key);
     if (!v.is_number())
-        fail(std::string("manifest config: field \"") + key + "\": expected a number, found " + type_name(v));
+        fail(std::string("manifest config: field \"") + key + "\": expected a number, found " +
+             type_name(v));
     return v.get<double>();
 }
 
 bool man_bool(const json& j, const char* key) {
     const json& v = man_field(j, key);
     if (!v.is_boolean())
-        fail(std::string("manifest config: field \"") + key + "\": expected true or false, found " + type_name(v));
+        fail(std::string("manifest config: field \"") + key + "\": expected true or false, found " +
+             type_name(v));
     return v.get<bool>();
 }
 
 std::string man_string(const json& j, const char* key) {
     const json& v = man_field(j, key);
     if (!v.is_string())
-        fail(std::string("manifest config: field \"") + key + "\": expected a string, found " + type_name(v));
+        fail(std::string("manifest config: field \"") + key + "\": expected a string, found " +
+             type_name(v));
     return v.get<std::string>();
 }
 
@@ -170,16 +184,39 @@ void man_no_unknown_keys(const json& j, const std::set<std::string_view>& known,
             fail(std::string("manifest ") + what + ": unknown field \"" + it.key() + "\"");
 }
 
-const std::set<std::string_view> kManifestKeys = {
-    "architecture", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-    "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-    "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
-    "first_k_dense_replace", "moe_layer_freq", "n_group", "topk_group", "topk_method",
-    "norm_topk_prob", "routed_scaling_factor", "scoring_func", "rms_norm_eps", "rope_theta",
-    "rope_scaling", "max_position_embeddings", "bos_token_id", "eos_token_id",
-    "tie_word_embeddings"};
-const std::set<std::string_view> kYarnKeys = {"factor", "original_max_position_embeddings",
-                                              "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
+const std::set<std::string_view> kManifestKeys = {"architecture",
+                                                  "vocab_size",
+                                                  "hidden_size",
+                                                  "intermediate_size",
+                                                  "moe_intermediate_size",
+                                                  "num_hidden_layers",
+                                                  "num_attention_heads",
+                                                  "q_lora_rank",
+                                                  "kv_lora_rank",
+                                                  "qk_nope_head_dim",
+                                                  "qk_rope_head_dim",
+                                                  "v_head_dim",
+                                                  "n_routed_experts",
+                                                  "n_shared_experts",
+                                                  "num_experts_per_tok",
+                                                  "first_k_dense_replace",
+                                                  "moe_layer_freq",
+                                                  "n_group",
+                                                  "topk_group",
+                                                  "topk_method",
+                                                  "norm_topk_prob",
+                                                  "routed_scaling_factor",
+                                                  "scoring_func",
+                                                  "rms_norm_eps",
+                                                  "rope_theta",
+                                                  "rope_scaling",
+                                                  "max_position_embeddings",
+                                                  "bos_token_id",
+                                                  "eos_token_id",
+                                                  "tie_word_embeddings"};
+const std::set<std::string_view> kYarnKeys = {"factor",    "original_max_position_embeddings",
+                                              "beta_fast", "beta_slow",
+                                              "mscale",    "mscale_all_dim"};
 
 void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi)
@@ -199,18 +236,19 @@ double ModelConfig::attention_scale() const {
     return s;
 }
 
-// Missing optional fields take transformers' DeepseekV2Config defaults (configuration_deepseek_v2.py):
-// kv_lora_rank 512, q_lora_rank 1536, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128,
-// n_routed_experts 64, n_shared_experts 2, moe_intermediate_size 1407, first_k_dense_replace 0,
-// n_group/topk_group None (-> 1), topk_method "greedy", norm_topk_prob false,
-// routed_scaling_factor 1.0, rms_norm_eps 1e-6, rope_theta 10000, rope_scaling None,
-// max_position_embeddings 2048, bos 1, eos 2, tie_word_embeddings false; and from DeepSeek's own
-// configuration_deepseek.py, which transformers lacks: moe_layer_freq 1, scoring_func "softmax".
-// The fields that fix the model's size have no sensible default and are required:
-// vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, and
+// Missing optional fields take transformers' DeepseekV2Config defaults
+// (configuration_deepseek_v2.py): kv_lora_rank 512, q_lora_rank 1536, qk_nope_head_dim 128,
+// qk_rope_head_dim 64, v_head_dim 128, n_routed_experts 64, n_shared_experts 2,
+// moe_intermediate_size 1407, first_k_dense_replace 0, n_group/topk_group None (-> 1), topk_method
+// "greedy", norm_topk_prob false, routed_scaling_factor 1.0, rms_norm_eps 1e-6, rope_theta 10000,
+// rope_scaling None, max_position_embeddings 2048, bos 1, eos 2, tie_word_embeddings false; and
+// from DeepSeek's own configuration_deepseek.py, which transformers lacks: moe_layer_freq 1,
+// scoring_func "softmax". The fields that fix the model's size have no sensible default and are
+// required: vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, and
 // num_experts_per_tok when the model has routed experts (transformers' default is None).
 ModelConfig config_from_hf_json(const json& j) {
-    if (!j.is_object()) fail("config.json: expected a JSON object at the top level, found " + type_name(j));
+    if (!j.is_object())
+        fail("config.json: expected a JSON object at the top level, found " + type_name(j));
     ModelConfig c;
     std::string arch;
     if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
@@ -219,7 +257,8 @@ ModelConfig config_from_hf_json(const json& j) {
         arch = (*it)[0].get<std::string>();
     } else if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string()) {
         if (mt->get<std::string>() != "deepseek_v2")
-            fail("config.json: field \"model_type\": expected \"deepseek_v2\", found \"" + mt->get<std::string>() + "\"");
+            fail("config.json: field \"model_type\": expected \"deepseek_v2\", found \"" +
+                 mt->get<std::string>() + "\"");
         arch = "DeepseekV2ForCausalLM";
     } else {
         fail("config.json: required field \"architectures\" is missing");
@@ -297,12 +336,13 @@ json config_to_json(const ModelConfig& c) {
     if (c.rope_scaling) {
         const YarnScaling& y = *c.rope_scaling;
         // Always YaRN (the only scaling supported), so the canonical form carries no "type".
-        j["rope_scaling"] = {{"factor", y.factor},
-                             {"original_max_position_embeddings", y.original_max_position_embeddings},
-                             {"beta_fast", y.beta_fast},
-                             {"beta_slow", y.beta_slow},
-                             {"mscale", y.mscale},
-                             {"mscale_all_dim", y.mscale_all_dim}};
+        j["rope_scaling"] = {
+            {"factor", y.factor},
+            {"original_max_position_embeddings", y.original_max_position_embeddings},
+            {"beta_fast", y.beta_fast},
+            {"beta_slow", y.beta_slow},
+            {"mscale", y.mscale},
+            {"mscale_all_dim", y.mscale_all_dim}};
     } else {
         j["rope_scaling"] = nullptr;
     }
@@ -319,8 +359,10 @@ ModelConfig config_from_manifest_json(const json& j) {
     ModelConfig c;
     c.architecture = man_string(j, "architecture");
     if (c.architecture != "DeepseekV2ForCausalLM")
-        fail("manifest config: field \"architecture\": expected \"DeepseekV2ForCausalLM\", found \"" +
-             c.architecture + "\"");
+        fail(
+            "manifest config: field \"architecture\": expected \"DeepseekV2ForCausalLM\", found "
+            "\"" +
+            c.architecture + "\"");
     c.vocab_size = man_int(j, "vocab_size");
     c.hidden_size = man_int(j, "hidden_size");
     c.intermediate_size = man_int(j, "intermediate_size");
@@ -347,7 +389,9 @@ ModelConfig config_from_manifest_json(const json& j) {
     c.rope_theta = man_double(j, "rope_theta");
     const json& rs = man_field(j, "rope_scaling");
     if (!rs.is_null()) {
-        if (!rs.is_object()) fail("manifest config: field \"rope_scaling\": expected an object or null, found " + type_name(rs));
+        if (!rs.is_object())
+            fail("manifest config: field \"rope_scaling\": expected an object or null, found " +
+                 type_name(rs));
         man_no_unknown_keys(rs, kYarnKeys, "config.rope_scaling");
         YarnScaling y;
         y.factor = man_double(rs, "factor");
@@ -381,8 +425,10 @@ void validate_config(const ModelConfig& c) {
     check_range("qk_nope_head_dim", c.qk_nope_head_dim, 1, 65536);
     check_range("qk_rope_head_dim", c.qk_rope_head_dim, 2, 65536);
     if (c.qk_rope_head_dim % 2 != 0)
-        fail("config: field \"qk_rope_head_dim\": expected an even number (RoPE rotates pairs), found " +
-             std::to_string(c.qk_rope_head_dim));
+        fail(
+            "config: field \"qk_rope_head_dim\": expected an even number (RoPE rotates pairs), "
+            "found " +
+            std::to_string(c.qk_rope_head_dim));
     check_range("v_head_dim", c.v_head_dim, 1, 65536);
     check_range("n_routed_experts", c.n_routed_experts, 0, 65536);
     if (c.n_routed_experts > 0) {
@@ -401,14 +447,17 @@ void validate_config(const ModelConfig& c) {
         check_range("first_k_dense_replace", c.first_k_dense_replace, 0, c.num_hidden_layers);
     }
     if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy")
-        fail("config: field \"topk_method\": expected \"greedy\" or \"group_limited_greedy\", found \"" +
-             c.topk_method + "\"");
+        fail(
+            "config: field \"topk_method\": expected \"greedy\" or \"group_limited_greedy\", found "
+            "\"" +
+            c.topk_method + "\"");
     if (c.scoring_func != "softmax")
-        fail("config: field \"scoring_func\": expected \"softmax\", found \"" + c.scoring_func + "\"");
+        fail("config: field \"scoring_func\": expected \"softmax\", found \"" + c.scoring_func +
+             "\"");
     auto positive = [](const char* field, double v) {
         if (!(std::isfinite(v) && v > 0.0))
-            fail(std::string("config: field \"") + field + "\": expected a positive finite number, found " +
-                 std::to_string(v));
+            fail(std::string("config: field \"") + field +
+                 "\": expected a positive finite number, found " + std::to_string(v));
     };
     positive("rms_norm_eps", c.rms_norm_eps);
     positive("rope_theta", c.rope_theta);
@@ -421,8 +470,8 @@ void validate_config(const ModelConfig& c) {
         positive("rope_scaling.factor", y.factor);
         positive("rope_scaling.beta_fast", y.beta_fast);
         positive("rope_scaling.beta_slow", y.beta_slow);
-        check_range("rope_scaling.original_max_position_embeddings", y.original_max_position_embeddings, 1,
-                    int64_t(1) << 30);
+        check_range("rope_scaling.original_max_position_embeddings",
+                    y.original_max_position_embeddings, 1, int64_t(1) << 30);
         if (!std::isfinite(y.mscale) || !std::isfinite(y.mscale_all_dim))
             fail("config: field \"rope_scaling.mscale\": expected finite numbers");
     }

@@ -1,5 +1,7 @@
 #include "tokenizer/unicode_regex.h"
 
+#include <cstdint>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -108,6 +110,10 @@ UnicodeRegex::UnicodeRegex(std::string_view onig_pattern)
     impl_->match.reset(pcre2_match_data_create_from_pattern(impl_->code.get(), nullptr));
     impl_->context.reset(pcre2_match_context_create(nullptr));
     if (!impl_->match || !impl_->context) throw std::bad_alloc();
+    // PCRE2's default match limit (10 million steps per search) fails on a long whitespace run:
+    // DeepSeek's `\s*[\r\n]+` backtracks over all of it before `\s+(?!\S)` matches (20 MB of
+    // spaces did). That work is linear in the run, not catastrophic: lift the limit.
+    pcre2_set_match_limit(impl_->context.get(), UINT32_MAX);
     if (jit) {
         impl_->jit_stack.reset(pcre2_jit_stack_create(32 * 1024, kJitStackMax, nullptr));
         if (!impl_->jit_stack) throw std::bad_alloc();

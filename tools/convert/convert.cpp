@@ -42,19 +42,23 @@ json read_tokenizer(const fs::path& dir) {
     const fs::path tok_path = dir / "tokenizer.json";
     const fs::path cfg_path = dir / "tokenizer_config.json";
     std::error_code ec;
-    if (!fs::exists(tok_path, ec)) throw InputError(dir.string() + ": expected tokenizer.json, found none");
+    if (!fs::exists(tok_path, ec))
+        throw InputError(dir.string() + ": expected tokenizer.json, found none");
     json tok = read_json_file(tok_path);
     json cfg = fs::exists(cfg_path, ec) ? read_json_file(cfg_path) : json(nullptr);
     try {
         return tokenizer_data_to_json(tokenizer_data_from_hf(tok, cfg));
     } catch (const TokenizerError& e) {
         throw InputError(tok_path.string() + ": " + e.what());
+    } catch (const nlohmann::json::exception& e) {  // a field of an unexpected JSON type
+        throw InputError(tok_path.string() + ": unexpected content (" + e.what() + ")");
     }
 }
 
 // Every checkpoint tensor must be one the config expects, with the expected shape; every
 // expected tensor must be present.
-std::vector<Source> match_tensors(const Checkpoint& ck, const std::vector<ExpectedTensor>& expected) {
+std::vector<Source> match_tensors(const Checkpoint& ck,
+                                  const std::vector<ExpectedTensor>& expected) {
     std::unordered_map<std::string, size_t> index;
     for (size_t i = 0; i < expected.size(); ++i) index.emplace(expected[i].name, i);
     std::vector<Source> sources(expected.size());
@@ -62,21 +66,24 @@ std::vector<Source> match_tensors(const Checkpoint& ck, const std::vector<Expect
         for (const StTensor& t : ck.shards[s].tensors) {
             auto it = index.find(t.name);
             if (it == index.end())
-                throw InputError(ck.shards[s].path.string() + ": tensor \"" + t.name +
-                                 "\": expected only tensors the config describes, found one it does not");
+                throw InputError(
+                    ck.shards[s].path.string() + ": tensor \"" + t.name +
+                    "\": expected only tensors the config describes, found one it does not");
             const ExpectedTensor& e = expected[it->second];
             if (t.shape != e.shape)
-                throw InputError(ck.shards[s].path.string() + ": tensor \"" + t.name + "\": expected shape " +
-                                 shape_str(e.shape) + " (from config.json), found " + shape_str(t.shape));
+                throw InputError(ck.shards[s].path.string() + ": tensor \"" + t.name +
+                                 "\": expected shape " + shape_str(e.shape) +
+                                 " (from config.json), found " + shape_str(t.shape));
             if (sources[it->second].tensor)
-                throw InputError(ck.shards[s].path.string() + ": tensor \"" + t.name + "\" appears in two shards");
+                throw InputError(ck.shards[s].path.string() + ": tensor \"" + t.name +
+                                 "\" appears in two shards");
             sources[it->second] = {s, &t};
         }
     }
     for (size_t i = 0; i < expected.size(); ++i)
         if (!sources[i].tensor && !expected[i].optional)
-            throw InputError(ck.shards.front().path.parent_path().string() + ": tensor \"" + expected[i].name +
-                             "\" of shape " + shape_str(expected[i].shape) +
+            throw InputError(ck.shards.front().path.parent_path().string() + ": tensor \"" +
+                             expected[i].name + "\" of shape " + shape_str(expected[i].shape) +
                              " is required by config.json but missing from the checkpoint");
     return sources;
 }
@@ -89,24 +96,32 @@ struct BlobStage {
 
 class ShardWriter {
 public:
-    ShardWriter(const ModelPlan& plan, const std::vector<Source>& sources, const mds::ExpertLayout* layout,
-                mds::MdsWriter& w, int threads, Progress& progress)
-        : plan_(plan), sources_(sources), layout_(layout), w_(w), threads_(threads), progress_(progress) {
+    ShardWriter(const ModelPlan& plan, const std::vector<Source>& sources,
+                const mds::ExpertLayout* layout, mds::MdsWriter& w, int threads, Progress& progress)
+        : plan_(plan),
+          sources_(sources),
+          layout_(layout),
+          w_(w),
+          threads_(threads),
+          progress_(progress) {
         if (layout_) stages_.resize(w.n_blobs());
     }
 
     void write_shard(size_t shard, const StHeader& header) {
         MappedFile map(header.path);
         if (map.size() != header.file_size)
-            throw InputError(header.path.string() + ": the file changed size during conversion (expected " +
-                             std::to_string(header.file_size) + " bytes, found " + std::to_string(map.size()) + ")");
+            throw InputError(header.path.string() +
+                             ": the file changed size during conversion (expected " +
+                             std::to_string(header.file_size) + " bytes, found " +
+                             std::to_string(map.size()) + ")");
         const uint8_t* data = map.data() + header.data_start;
         // This shard's work in file order, so the mapping is read front to back.
         std::vector<size_t> items;
         for (size_t i = 0; i < plan_.tensors.size(); ++i)
             if (sources_[i].tensor && sources_[i].shard == shard) items.push_back(i);
-        std::sort(items.begin(), items.end(),
-                  [&](size_t a, size_t b) { return sources_[a].tensor->begin < sources_[b].tensor->begin; });
+        std::sort(items.begin(), items.end(), [&](size_t a, size_t b) {
+            return sources_[a].tensor->begin < sources_[b].tensor->begin;
+        });
         // Windows bound the staged expert blobs to about 2 × threads at a time.
         const size_t window = size_t(std::max(1, threads_)) * 6;
         for (size_t start = 0; start < items.size(); start += window) {
@@ -119,12 +134,13 @@ public:
                     stages_[plan_.writer_id[items[k]]] = std::move(st);
                 }
             }
-            parallel_for(end - start, threads_, [&](size_t k) { write_item(items[start + k], data); });
+            parallel_for(end - start, threads_,
+                         [&](size_t k) { write_item(items[start + k], data, header.path); });
         }
     }
 
 private:
-    void write_item(size_t i, const uint8_t* data) {
+    void write_item(size_t i, const uint8_t* data, const fs::path& file) {
         const ExpectedTensor& e = plan_.tensors[i];
         const StTensor& t = *sources_[i].tensor;
         const uint8_t* src = data + t.begin;
@@ -154,7 +170,7 @@ private:
             int64_t bad = quantize_rows_e4m3(t.dtype, src, e.shape[0], e.shape[1], dst,
                                              st.bytes.data() + scale_part.offset);
             if (bad >= 0)
-                throw InputError(t.name + ": row " + std::to_string(bad) +
+                throw InputError(file.string() + ": tensor \"" + t.name + "\": row " + std::to_string(bad) +
                                  " holds a NaN or infinity; expected finite weights to quantize");
         }
         progress_.add(t.nbytes());
@@ -175,10 +191,26 @@ private:
 
 }  // namespace
 
+void check_output_path(const fs::path& out, bool force) {
+    std::error_code ec;
+    if (!force && fs::exists(out, ec))
+        throw InputError(out.string() +
+                         ": the output file already exists (use --force to overwrite it)");
+    if (fs::is_directory(out, ec))
+        throw InputError(out.string() + ": expected an output file name, found a directory");
+    fs::path dir = fs::absolute(out, ec).parent_path();
+    if (!fs::is_directory(dir, ec))
+        throw InputError(out.string() + ": the output directory " + dir.string() +
+                         " does not exist");
+}
+
 bool parse_expert_dtype(const std::string& s, mgl::dtype& out) {
-    if (s == "fp8" || s == "f8_e4m3" || s == "e4m3") out = mgl::dtype::f8_e4m3;
-    else if (s == "bf16") out = mgl::dtype::bf16;
-    else return false;
+    if (s == "fp8" || s == "f8_e4m3" || s == "e4m3")
+        out = mgl::dtype::f8_e4m3;
+    else if (s == "bf16")
+        out = mgl::dtype::bf16;
+    else
+        return false;
     return true;
 }
 
@@ -188,9 +220,9 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     const int threads = resolve_threads(opt.threads);
     std::error_code ec;
     if (!fs::is_directory(opt.hf_dir, ec))
-        throw InputError(opt.hf_dir.string() + ": expected a Hugging Face checkpoint directory, found none");
-    if (!opt.force && fs::exists(opt.out, ec))
-        throw InputError(opt.out.string() + ": the output file already exists (use --force to overwrite it)");
+        throw InputError(opt.hf_dir.string() +
+                         ": expected a Hugging Face checkpoint directory, found none");
+    check_output_path(opt.out, opt.force);
 
     ModelConfig config = read_config(opt.hf_dir);
     json tokenizer = read_tokenizer(opt.hf_dir);
@@ -202,7 +234,8 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     std::vector<Source> sources = match_tensors(ck, plan.tensors);
 
     std::string source = fs::absolute(opt.hf_dir).lexically_normal().filename().string();
-    if (source.empty()) source = fs::absolute(opt.hf_dir).lexically_normal().parent_path().filename().string();
+    if (source.empty())
+        source = fs::absolute(opt.hf_dir).lexically_normal().parent_path().filename().string();
     w.set_config(config_to_json(config));
     w.set_tokenizer(std::move(tokenizer));
     w.set_provenance({{"tool", "minids convert"},

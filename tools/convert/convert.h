@@ -40,6 +40,9 @@ struct ConvertStats {
 // mds::WriterError (I/O failure or refusal to overwrite).
 ConvertStats convert_checkpoint(const ConvertOptions& opt);
 
+// Refuses an existing OUT (unless force), a directory, or a missing parent directory: InputError.
+void check_output_path(const std::filesystem::path& out, bool force);
+
 // "f8_e4m3"-style name for the provenance and messages; "fp8" and "bf16" on the command line.
 bool parse_expert_dtype(const std::string& s, mgl::dtype& out);
 

@@ -81,8 +81,12 @@ void parallel_for(size_t n, int n_threads, const std::function<void(size_t)>& fn
 }
 
 Progress::Progress(std::string label, uint64_t total_bytes, bool enabled)
-    : label_(std::move(label)), total_(total_bytes), enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1),
-      start_(std::chrono::steady_clock::now()), last_print_(start_) {}
+    : label_(std::move(label)),
+      total_(total_bytes),
+      enabled_(enabled),
+      tty_(isatty(STDERR_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()),
+      last_print_(start_) {}
 
 void Progress::add(uint64_t bytes) {
     uint64_t done = done_ += bytes;
@@ -111,8 +115,9 @@ void Progress::print(bool final_line) {
     double done = double(done_.load()) / unit;
     double pct = total_ ? 100.0 * double(done_.load()) / double(total_) : 100.0;
     double rate = secs > 0 ? double(done_.load()) / 1e9 / secs : 0.0;
-    std::fprintf(stderr, "%s%s: %3.0f%% (%.2f / %.2f %s, %.2f GB/s)%s", tty_ ? "\r" : "", label_.c_str(), pct, done,
-                 double(total_) / unit, gb ? "GB" : "MB", rate, (tty_ && !final_line) ? "" : "\n");
+    std::fprintf(stderr, "%s%s: %3.0f%% (%.2f / %.2f %s, %.2f GB/s)%s", tty_ ? "\r" : "",
+                 label_.c_str(), pct, done, double(total_) / unit, gb ? "GB" : "MB", rate,
+                 (tty_ && !final_line) ? "" : "\n");
     std::fflush(stderr);
 }
 

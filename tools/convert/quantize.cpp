@@ -1,9 +1,9 @@
 #include "convert/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <algorithm>
 #include <vector>
 
 #include "mgl.h"
@@ -70,8 +70,8 @@ void convert_to_bf16(StDtype src_type, const uint8_t* src, size_t n, uint8_t* ds
     }
 }
 
-int64_t quantize_rows_e4m3(StDtype src_type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
-                           uint8_t* scales) {
+int64_t quantize_rows_e4m3(StDtype src_type, const uint8_t* src, int64_t rows, int64_t cols,
+                           uint8_t* codes, uint8_t* scales) {
     const E4m3Encoder& enc = E4m3Encoder::get();
     std::vector<float> row(static_cast<size_t>(cols));
     const size_t row_bytes = size_t(cols) * st_dtype_size(src_type);

@@ -1,6 +1,7 @@
 // Element conversions for the converter: checkpoint dtypes to BF16 for dense tensors, and rows to
 // FP8 E4M3 with one F32 scale per output row for routed experts (src/mds/format.h):
-//   scale[n] = max_k |W[n, k]| / 448 (1 for an all-zero row),  code[n, k] = e4m3(W[n, k] / scale[n]).
+//   scale[n] = max_k |W[n, k]| / 448 (1 for an all-zero row),  code[n, k] = e4m3(W[n, k] /
+//   scale[n]).
 // Sources may be unaligned (safetensors data starts at 8 + header length): loads use memcpy.
 #pragma once
 
@@ -19,8 +20,8 @@ void convert_to_bf16(StDtype src_type, const uint8_t* src, size_t n, uint8_t* ds
 // One [rows, cols] matrix to E4M3 codes (rows × cols bytes) and F32 row scales (rows × 4 bytes,
 // written with memcpy so `scales` may be unaligned). Returns -1, or the first row holding a
 // non-finite value (which has no meaningful scale; the caller refuses the checkpoint).
-int64_t quantize_rows_e4m3(StDtype src_type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
-                           uint8_t* scales);
+int64_t quantize_rows_e4m3(StDtype src_type, const uint8_t* src, int64_t rows, int64_t cols,
+                           uint8_t* codes, uint8_t* scales);
 
 // mgl::f32_to_e4m3 as a table lookup, bit-identical for every float: round-to-nearest-even to
 // E4M3 depends only on the top 16 bits of the f32 (sign, exponent, 7 mantissa bits: the round

@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
     throw InputError(file.string() + ": " + msg);
 }
 
-std::string json_type(const json& v) { return v.is_number_integer() ? "an integer" : v.type_name(); }
+std::string json_type(const json& v) {
+    return v.is_number_integer() ? "an integer" : v.type_name();
+}
 
 struct Fd {
     int fd = -1;
@@ -36,16 +38,21 @@ struct Fd {
 };
 
 bool parse_dtype(const std::string& s, StDtype& out) {
-    if (s == "BF16") out = StDtype::bf16;
-    else if (s == "F16") out = StDtype::f16;
-    else if (s == "F32") out = StDtype::f32;
-    else return false;
+    if (s == "BF16")
+        out = StDtype::bf16;
+    else if (s == "F16")
+        out = StDtype::f16;
+    else if (s == "F32")
+        out = StDtype::f32;
+    else
+        return false;
     return true;
 }
 
 uint64_t json_u64(const fs::path& file, const std::string& field, const json& v) {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-        fail(file, "field \"" + field + "\": expected a non-negative integer, found " + json_type(v));
+        fail(file,
+             "field \"" + field + "\": expected a non-negative integer, found " + json_type(v));
     return v.get<uint64_t>();
 }
 
@@ -55,9 +62,12 @@ size_t st_dtype_size(StDtype t) { return t == StDtype::f32 ? 4 : 2; }
 
 const char* st_dtype_name(StDtype t) {
     switch (t) {
-        case StDtype::bf16: return "BF16";
-        case StDtype::f16: return "F16";
-        case StDtype::f32: return "F32";
+        case StDtype::bf16:
+            return "BF16";
+        case StDtype::f16:
+            return "F16";
+        case StDtype::f32:
+            return "F32";
     }
     return "?";
 }
@@ -78,7 +88,8 @@ json parse_json_strict(const std::string& text, const std::string& what) {
         } else if (ev == json::parse_event_t::object_end) {
             if (!seen->empty()) seen->pop_back();
         } else if (ev == json::parse_event_t::key) {
-            if (!seen->empty() && !seen->back().insert(parsed.get<std::string>()).second && duplicate.empty())
+            if (!seen->empty() && !seen->back().insert(parsed.get<std::string>()).second &&
+                duplicate.empty())
                 duplicate = parsed.get<std::string>();
         }
         return true;
@@ -113,17 +124,20 @@ StHeader read_safetensors_header(const fs::path& path) {
     h.path = path;
     h.file_size = uint64_t(st.st_size);
     if (h.file_size < 8)
-        fail(path, "file too short: expected at least 8 bytes (header length), found " + std::to_string(h.file_size));
+        fail(path, "file too short: expected at least 8 bytes (header length), found " +
+                       std::to_string(h.file_size));
     uint8_t len_bytes[8];
     if (::pread(f.fd, len_bytes, 8, 0) != 8) fail(path, "cannot read the header length");
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
     if (header_len > safetensors_max_header_bytes)
-        fail(path, "header length: expected at most " + std::to_string(safetensors_max_header_bytes) +
-                       " bytes, found " + std::to_string(header_len));
+        fail(path, "header length: expected at most " +
+                       std::to_string(safetensors_max_header_bytes) + " bytes, found " +
+                       std::to_string(header_len));
     if (header_len > h.file_size - 8)
-        fail(path, "header length: " + std::to_string(header_len) + " bytes runs past the end of the file (" +
-                       std::to_string(h.file_size) + " bytes)");
+        fail(path, "header length: " + std::to_string(header_len) +
+                       " bytes runs past the end of the file (" + std::to_string(h.file_size) +
+                       " bytes)");
     std::string text(header_len, '\0');
     size_t got = 0;
     while (got < header_len) {
@@ -140,33 +154,43 @@ StHeader read_safetensors_header(const fs::path& path) {
         const std::string& name = it.key();
         const json& v = it.value();
         if (name == "__metadata__") {
-            if (!v.is_object()) fail(path, "field \"__metadata__\": expected an object, found " + json_type(v));
+            if (!v.is_object())
+                fail(path, "field \"__metadata__\": expected an object, found " + json_type(v));
             for (auto m = v.begin(); m != v.end(); ++m)
                 if (!m.value().is_string())
-                    fail(path, "field \"__metadata__." + m.key() + "\": expected a string, found " + json_type(m.value()));
+                    fail(path, "field \"__metadata__." + m.key() + "\": expected a string, found " +
+                                   json_type(m.value()));
             continue;
         }
         if (name.empty()) fail(path, "header: a tensor has an empty name");
-        if (!v.is_object()) fail(path, "tensor \"" + name + "\": expected an object, found " + json_type(v));
+        if (!v.is_object())
+            fail(path, "tensor \"" + name + "\": expected an object, found " + json_type(v));
         for (auto k = v.begin(); k != v.end(); ++k)
             if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
                 fail(path, "tensor \"" + name + "\": unknown field \"" + k.key() + "\"");
         StTensor t;
         t.name = name;
         auto dt = v.find("dtype");
-        if (dt == v.end() || !dt->is_string()) fail(path, "tensor \"" + name + "\": field \"dtype\": expected a string");
+        if (dt == v.end() || !dt->is_string())
+            fail(path, "tensor \"" + name + "\": field \"dtype\": expected a string");
         if (!parse_dtype(dt->get<std::string>(), t.dtype))
-            fail(path, "tensor \"" + name + "\": field \"dtype\": expected BF16, F16 or F32, found \"" +
+            fail(path, "tensor \"" + name +
+                           "\": field \"dtype\": expected BF16, F16 or F32, found \"" +
                            dt->get<std::string>() + "\"");
         auto sh = v.find("shape");
-        if (sh == v.end() || !sh->is_array()) fail(path, "tensor \"" + name + "\": field \"shape\": expected a list");
-        if (sh->size() > 8) fail(path, "tensor \"" + name + "\": field \"shape\": expected at most 8 dimensions, found " + std::to_string(sh->size()));
+        if (sh == v.end() || !sh->is_array())
+            fail(path, "tensor \"" + name + "\": field \"shape\": expected a list");
+        if (sh->size() > 8)
+            fail(path, "tensor \"" + name +
+                           "\": field \"shape\": expected at most 8 dimensions, found " +
+                           std::to_string(sh->size()));
         // Element count with overflow checks: every factor and partial product stays <= data_size.
         uint64_t elems = 1;
         for (const json& d : *sh) {
             uint64_t dim = json_u64(path, name + ".shape", d);
             if (dim != 0 && elems > data_size / dim)
-                fail(path, "tensor \"" + name + "\": shape " + sh->dump() + " needs more bytes than the file holds (" +
+                fail(path, "tensor \"" + name + "\": shape " + sh->dump() +
+                               " needs more bytes than the file holds (" +
                                std::to_string(data_size) + ")");
             elems *= dim;
             t.shape.push_back(int64_t(dim));
@@ -177,15 +201,18 @@ StHeader read_safetensors_header(const fs::path& path) {
         t.begin = json_u64(path, name + ".data_offsets", (*off)[0]);
         t.end = json_u64(path, name + ".data_offsets", (*off)[1]);
         if (t.end < t.begin)
-            fail(path, "tensor \"" + name + "\": data_offsets: expected begin <= end, found [" + std::to_string(t.begin) +
-                           ", " + std::to_string(t.end) + "]");
+            fail(path, "tensor \"" + name + "\": data_offsets: expected begin <= end, found [" +
+                           std::to_string(t.begin) + ", " + std::to_string(t.end) + "]");
         if (t.end > data_size)
             fail(path, "tensor \"" + name + "\": data_offsets end " + std::to_string(t.end) +
-                           " is past the end of the data area (" + std::to_string(data_size) + " bytes)");
-        if (elems > data_size / st_dtype_size(t.dtype) + 1 || elems * st_dtype_size(t.dtype) != t.nbytes())
-            fail(path, "tensor \"" + name + "\": expected " + std::string(st_dtype_name(t.dtype)) + " × " + sh->dump() +
-                           " = " + std::to_string(elems * st_dtype_size(t.dtype)) + " bytes, found data_offsets spanning " +
-                           std::to_string(t.nbytes()));
+                           " is past the end of the data area (" + std::to_string(data_size) +
+                           " bytes)");
+        if (elems > data_size / st_dtype_size(t.dtype) + 1 ||
+            elems * st_dtype_size(t.dtype) != t.nbytes())
+            fail(path, "tensor \"" + name + "\": expected " + std::string(st_dtype_name(t.dtype)) +
+                           " × " + sh->dump() + " = " +
+                           std::to_string(elems * st_dtype_size(t.dtype)) +
+                           " bytes, found data_offsets spanning " + std::to_string(t.nbytes()));
         h.tensors.push_back(std::move(t));
     }
     std::sort(h.tensors.begin(), h.tensors.end(), [](const StTensor& a, const StTensor& b) {
@@ -195,16 +222,18 @@ StHeader read_safetensors_header(const fs::path& path) {
     uint64_t pos = 0;
     for (const StTensor& t : h.tensors) {
         if (t.begin < pos)
-            fail(path, "tensor \"" + t.name + "\": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+            fail(path, "tensor \"" + t.name + "\": data_offsets [" + std::to_string(t.begin) +
+                           ", " + std::to_string(t.end) +
                            ") overlap the previous tensor, which ends at " + std::to_string(pos));
         if (t.begin > pos)
-            fail(path, "tensor \"" + t.name + "\": data_offsets begin at " + std::to_string(t.begin) +
-                           ", expected " + std::to_string(pos) + " (a gap of unclaimed bytes)");
+            fail(path, "tensor \"" + t.name + "\": data_offsets begin at " +
+                           std::to_string(t.begin) + ", expected " + std::to_string(pos) +
+                           " (a gap of unclaimed bytes)");
         pos = t.end;
     }
     if (pos != data_size)
-        fail(path, "data area: expected the tensors to cover all " + std::to_string(data_size) + " bytes, found " +
-                       std::to_string(pos) + " covered");
+        fail(path, "data area: expected the tensors to cover all " + std::to_string(data_size) +
+                       " bytes, found " + std::to_string(pos) + " covered");
     return h;
 }
 
@@ -216,17 +245,21 @@ Checkpoint open_checkpoint(const fs::path& dir) {
         json idx = read_json_file(index_path);
         auto wm = idx.find("weight_map");
         if (!idx.is_object() || wm == idx.end() || !wm->is_object())
-            fail(index_path, "field \"weight_map\": expected an object of tensor name -> shard file");
+            fail(index_path,
+                 "field \"weight_map\": expected an object of tensor name -> shard file");
         std::map<std::string, std::string> shard_of;  // tensor -> file
         std::set<std::string> files;
         for (auto it = wm->begin(); it != wm->end(); ++it) {
             if (!it.value().is_string())
-                fail(index_path, "weight_map \"" + it.key() + "\": expected a file name, found " + json_type(it.value()));
+                fail(index_path, "weight_map \"" + it.key() + "\": expected a file name, found " +
+                                     json_type(it.value()));
             std::string file = it.value().get<std::string>();
             // A shard must be a plain file name inside the checkpoint directory.
-            if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos ||
-                file == "." || file == "..")
-                fail(index_path, "weight_map \"" + it.key() + "\": expected a file name in the same directory, found \"" + file + "\"");
+            if (file.empty() || file.find('/') != std::string::npos ||
+                file.find('\\') != std::string::npos || file == "." || file == "..")
+                fail(index_path, "weight_map \"" + it.key() +
+                                     "\": expected a file name in the same directory, found \"" +
+                                     file + "\"");
             shard_of[it.key()] = file;
             files.insert(file);
         }
@@ -237,21 +270,26 @@ Checkpoint open_checkpoint(const fs::path& dir) {
             for (const StTensor& t : h.tensors) {
                 auto s = shard_of.find(t.name);
                 if (s == shard_of.end())
-                    fail(h.path, "tensor \"" + t.name + "\" is not listed in model.safetensors.index.json");
+                    fail(h.path,
+                         "tensor \"" + t.name + "\" is not listed in model.safetensors.index.json");
                 if (s->second != file)
-                    fail(h.path, "tensor \"" + t.name + "\": the index places it in \"" + s->second + "\", found here");
+                    fail(h.path, "tensor \"" + t.name + "\": the index places it in \"" +
+                                     s->second + "\", found here");
                 found.insert(t.name);
             }
             ck.shards.push_back(std::move(h));
         }
         for (const auto& [name, file] : shard_of)
             if (!found.count(name))
-                fail(dir / file, "tensor \"" + name + "\" listed in the index is missing from this shard");
+                fail(dir / file,
+                     "tensor \"" + name + "\" listed in the index is missing from this shard");
         return ck;
     }
     const fs::path single = dir / "model.safetensors";
     if (!fs::exists(single, ec))
-        throw InputError(dir.string() + ": expected model.safetensors or model.safetensors.index.json, found neither");
+        throw InputError(
+            dir.string() +
+            ": expected model.safetensors or model.safetensors.index.json, found neither");
     ck.shards.push_back(read_safetensors_header(single));
     return ck;
 }

@@ -1,10 +1,10 @@
 // Reading Hugging Face safetensors checkpoints, trusting nothing.
 //
 // A safetensors file is: u64 little-endian header length N, N bytes of JSON
-// {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__": {..}},
-// then the data area; offsets are relative to the data area. The header is read and validated
-// first (length cap, JSON, duplicate keys, dtype, dtype×shape = bytes, offsets inside the data area,
-// no overlap, no gap); the data is mapped read-only later, one shard at a time.
+// {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__":
+// {..}}, then the data area; offsets are relative to the data area. The header is read and
+// validated first (length cap, JSON, duplicate keys, dtype, dtype×shape = bytes, offsets inside the
+// data area, no overlap, no gap); the data is mapped read-only later, one shard at a time.
 #pragma once
 
 #include <cstdint>

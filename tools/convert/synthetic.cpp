@@ -42,7 +42,8 @@ uint64_t mix64(uint64_t z) {
 
 struct RowRng {
     uint64_t state;
-    RowRng(uint64_t key, uint64_t row) : state(mix64(key ^ mix64(row * 0xd1342543de82ef95ull + 1))) {}
+    RowRng(uint64_t key, uint64_t row)
+        : state(mix64(key ^ mix64(row * 0xd1342543de82ef95ull + 1))) {}
     uint64_t next() {
         state += 0x9e3779b97f4a7c15ull;
         return mix64(state);
@@ -53,12 +54,15 @@ struct RowRng {
 // Standard normal quantile (Acklam's rational approximation, refined by one Halley step on erfc):
 // accurate to ~1e-15, plenty for a lookup table.
 double normal_quantile(double p) {
-    static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
-                               1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
-    static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                               6.680131188771972e+01,  -1.328068155288572e+01};
-    static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
-                               -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
+    static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                               -2.759285104469687e+02, 1.383577518672690e+02,
+                               -3.066479806614716e+01, 2.506628277459239e+00};
+    static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                               -1.556989798598866e+02, 6.680131188771972e+01,
+                               -1.328068155288572e+01};
+    static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                               -2.400758277161838e+00, -2.549732539343734e+00,
+                               4.374664141464968e+00,  2.938163982698783e+00};
     static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
                                3.754408661907416e+00};
     double x;
@@ -84,7 +88,7 @@ double normal_quantile(double p) {
 constexpr size_t table_size = 65536;
 
 struct Tables {
-    std::vector<double> z;         // quantiles of N(0, 1) at (i + 0.5) / 65536
+    std::vector<double> z;  // quantiles of N(0, 1) at (i + 0.5) / 65536
     // FP8 codes come from 8 random bits each (8 codes per 64-bit draw: the generator's hot loop):
     // 256 equiprobable normal quantiles at (i + 0.5) / 256, scaled so the extremes hit ±448.
     // E4M3 itself has only 256 codes, so a finer table would buy little.
@@ -93,10 +97,12 @@ struct Tables {
     std::map<float, std::vector<uint16_t>> bf16_by_sigma;
 
     Tables() : z(table_size), e4m3(256) {
-        for (size_t i = 0; i < table_size; ++i) z[i] = normal_quantile((double(i) + 0.5) / double(table_size));
+        for (size_t i = 0; i < table_size; ++i)
+            z[i] = normal_quantile((double(i) + 0.5) / double(table_size));
         z8_max = normal_quantile(255.5 / 256.0);
         for (size_t i = 0; i < 256; ++i)
-            e4m3[i] = mgl::f32_to_e4m3(float(normal_quantile((double(i) + 0.5) / 256.0) * mgl::e4m3_max / z8_max));
+            e4m3[i] = mgl::f32_to_e4m3(
+                float(normal_quantile((double(i) + 0.5) / 256.0) * mgl::e4m3_max / z8_max));
     }
     const std::vector<uint16_t>& bf16(float sigma) {
         auto it = bf16_by_sigma.find(sigma);
@@ -117,7 +123,8 @@ void fill_bf16_row(RowRng& rng, const uint16_t* table, uint8_t* dst, size_t n) {
     size_t j = 0;
     for (; j + 4 <= n; j += 4) {
         uint64_t r = rng.next();
-        uint16_t v[4] = {table[r & 0xFFFF], table[(r >> 16) & 0xFFFF], table[(r >> 32) & 0xFFFF], table[r >> 48]};
+        uint16_t v[4] = {table[r & 0xFFFF], table[(r >> 16) & 0xFFFF], table[(r >> 32) & 0xFFFF],
+                         table[r >> 48]};
         std::memcpy(dst + 2 * j, v, 8);
     }
     if (j < n) {
@@ -142,7 +149,9 @@ void fill_e4m3_row(RowRng& rng, const uint8_t* table, uint8_t* dst, size_t n) {
     }
 }
 
-uint64_t tensor_key(const std::string& name, uint64_t seed) { return XXH3_64bits_withSeed(name.data(), name.size(), seed); }
+uint64_t tensor_key(const std::string& name, uint64_t seed) {
+    return XXH3_64bits_withSeed(name.data(), name.size(), seed);
+}
 
 }  // namespace
 
@@ -212,7 +221,8 @@ ModelConfig synthetic_config(const std::string& preset) {
         c.routed_scaling_factor = 2.0;
         c.max_position_embeddings = 4096;
     } else {
-        throw InputError("--synthetic: unknown preset \"" + preset + "\" (expected tiny, v2-lite or v2)");
+        throw InputError("--synthetic: unknown preset \"" + preset +
+                         "\" (expected tiny, v2-lite or v2)");
     }
     return c;
 }
@@ -226,9 +236,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
     if (tok.bos_id) config.bos_token_id = *tok.bos_id;
     if (tok.eos_id) config.eos_token_id = *tok.eos_id;
     validate_config(config);
-    std::error_code ec;
-    if (!opt.dry_run && !opt.force && fs::exists(opt.out, ec))
-        throw InputError(opt.out.string() + ": the output file already exists (use --force to overwrite it)");
+    if (!opt.dry_run) check_output_path(opt.out, opt.force);
 
     mds::MdsWriter w(opt.out, opt.force);
     ModelPlan plan = plan_model(config, opt.expert_dtype, true, w);
@@ -272,7 +280,8 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
             const size_t rows = size_t(t.shape[0]), cols = size_t(t.shape[1]);
             const size_t rows_per_job = std::max<size_t>(1, (size_t(1) << 21) / cols);
             parallel_for((rows + rows_per_job - 1) / rows_per_job, threads, [&](size_t job) {
-                for (size_t r = job * rows_per_job; r < std::min(rows, (job + 1) * rows_per_job); ++r) {
+                for (size_t r = job * rows_per_job; r < std::min(rows, (job + 1) * rows_per_job);
+                     ++r) {
                     RowRng rng(key, r);
                     fill_bf16_row(rng, table, buf.data() + r * cols * 2, cols);
                 }
@@ -290,12 +299,15 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
         const float sigma_in[3] = {float(1.0 / std::sqrt(double(layout.n_embd))),
                                    float(1.0 / std::sqrt(double(layout.n_embd))),
                                    float(1.0 / std::sqrt(double(layout.n_ff)))};
-        const uint16_t* bf16_tables[3] = {tables.bf16(sigma_in[0]).data(), tables.bf16(sigma_in[1]).data(),
+        const uint16_t* bf16_tables[3] = {tables.bf16(sigma_in[0]).data(),
+                                          tables.bf16(sigma_in[1]).data(),
                                           tables.bf16(sigma_in[2]).data()};
         const std::vector<ExpectedTensor>& ts = plan.tensors;
         parallel_for(w.n_blobs(), threads, [&](size_t blob) {
-            // Reused per thread; the parts overwrite their regions, the padding between them is
-            // zeroed here (the buffer may hold another layout's bytes from an earlier call).
+            // One scratch blob per worker thread (thread_local because parallel_for has no
+            // per-worker state; a fresh 8.7 MB buffer per blob would pay page faults and clears).
+            // The parts overwrite their regions; the padding between them is zeroed here (the
+            // buffer may hold another layout's bytes from an earlier call on this thread).
             thread_local mds::AlignedBuffer buf;
             buf.resize(layout.blob_nbytes);
             uint64_t pos = 0;
@@ -312,11 +324,15 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
                 for (size_t r = 0; r < rows; ++r) {
                     RowRng rng(key, r);
                     if (fp8) {
-                        float scale = float(sigma_in[part] * tables.z8_max / mgl::e4m3_max * (0.75 + 0.5 * rng.uniform()));
-                        std::memcpy(buf.data() + layout.parts[size_t(part) + 3].offset + 4 * r, &scale, 4);
-                        fill_e4m3_row(rng, tables.e4m3.data(), buf.data() + p.offset + r * cols, cols);
+                        float scale = float(sigma_in[part] * tables.z8_max / mgl::e4m3_max *
+                                            (0.75 + 0.5 * rng.uniform()));
+                        std::memcpy(buf.data() + layout.parts[size_t(part) + 3].offset + 4 * r,
+                                    &scale, 4);
+                        fill_e4m3_row(rng, tables.e4m3.data(), buf.data() + p.offset + r * cols,
+                                      cols);
                     } else {
-                        fill_bf16_row(rng, bf16_tables[part], buf.data() + p.offset + r * cols * 2, cols);
+                        fill_bf16_row(rng, bf16_tables[part], buf.data() + p.offset + r * cols * 2,
+                                      cols);
                     }
                 }
             }

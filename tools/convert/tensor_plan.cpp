@@ -33,8 +33,8 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
         }
         add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_cache_width(), D}, TensorRole::linear);
         add(p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, TensorRole::norm);
-        add(p + "self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-            TensorRole::linear);
+        add(p + "self_attn.kv_b_proj.weight",
+            {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, TensorRole::linear);
         add(p + "self_attn.o_proj.weight", {D, H * c.v_head_dim}, TensorRole::linear);
         add(p + "post_attention_layernorm.weight", {D}, TensorRole::norm);
         if (c.is_moe_layer(l)) {
@@ -63,8 +63,8 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
         for (int64_t e = 0; e < c.n_routed_experts; ++e) {
             for (int part = 0; part < 3; ++part) {
                 ExpectedTensor t;
-                t.name = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." +
-                         part_names[part] + ".weight";
+                t.name = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) +
+                         "." + part_names[part] + ".weight";
                 t.shape = part == 2 ? std::vector<int64_t>{D, F} : std::vector<int64_t>{F, D};
                 t.role = TensorRole::expert;
                 t.layer = l;
@@ -77,7 +77,8 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
     return out;
 }
 
-ModelPlan plan_model(const ModelConfig& c, mgl::dtype expert_dtype, bool include_lm_head, mds::MdsWriter& w) {
+ModelPlan plan_model(const ModelConfig& c, mgl::dtype expert_dtype, bool include_lm_head,
+                     mds::MdsWriter& w) {
     ModelPlan plan;
     plan.tensors = expected_tensors(c);
     plan.writer_id.assign(plan.tensors.size(), size_t(-1));
@@ -92,7 +93,8 @@ ModelPlan plan_model(const ModelConfig& c, mgl::dtype expert_dtype, bool include
             continue;
         }
         if (!experts_set) {
-            w.set_experts(mds::ExpertLayout::make(expert_dtype, c.hidden_size, c.moe_intermediate_size));
+            w.set_experts(
+                mds::ExpertLayout::make(expert_dtype, c.hidden_size, c.moe_intermediate_size));
             experts_set = true;
         }
         if (t.part == 0) blob = w.add_expert_blob(t.layer, t.expert);

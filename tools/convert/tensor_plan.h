@@ -39,7 +39,8 @@ struct ModelPlan {
     std::vector<size_t> writer_id;        // per tensor: writer tensor id, or blob id for experts
     size_t n_dense = 0;                   // tensors[0, n_dense) are dense
 };
-ModelPlan plan_model(const ModelConfig& c, mgl::dtype expert_dtype, bool include_lm_head, mds::MdsWriter& w);
+ModelPlan plan_model(const ModelConfig& c, mgl::dtype expert_dtype, bool include_lm_head,
+                     mds::MdsWriter& w);
 
 std::string shape_str(const std::vector<int64_t>& shape);
 
