@@ -75,9 +75,9 @@ echo "== Ctrl-D: exit status $status"
 rm -f "$work/status"
 tmux kill-session -t "$session"
 tmux new-session -d -s "$session" -x 120 -y 40 \
-    "$minids chat -m '$model' --temp 0 -n 400 -t 2; echo \$? > '$work/status'; sleep 30"
+    "$minids chat -m '$model' --temp 0 -c 30000 -n 20000 -t 2; echo \$? > '$work/status'; sleep 30"
 wait_for '^>( |$)'
-# A long answer (no -n limit that ends it quickly) interrupted by one Ctrl-C: back at the prompt.
+# A long answer (20000 tokens would take many seconds) interrupted by one Ctrl-C: back at the prompt.
 tmux send-keys -t "$session" "Write a long story" Enter
 sleep 0.3
 tmux send-keys -t "$session" C-c

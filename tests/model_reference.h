@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -86,8 +87,14 @@ class RefModel {
 public:
     RefModel(RefConfig cfg, const StTensors& w) : c_(std::move(cfg)), w_(w) {}
 
+    // Called for every layer and position with the latent KV the absorbed form caches:
+    // c after kv_a_layernorm and k_pe after RoPE.
+    using LatentHook =
+        std::function<void(int64_t layer, int64_t pos, const Vec& c, const Vec& k_pe)>;
+
     // Logits [T][vocab] for every position of `tokens` (positions 0 .. T-1).
-    std::vector<Vec> forward(const std::vector<int32_t>& tokens) const {
+    std::vector<Vec> forward(const std::vector<int32_t>& tokens,
+                             const LatentHook& on_latent = {}) const {
         const int64_t T = int64_t(tokens.size()), D = c_.hidden_size;
         std::vector<Vec> x(static_cast<size_t>(T));
         const Vec& emb = get("model.embed_tokens.weight");
@@ -99,7 +106,7 @@ public:
             std::vector<Vec> xn(static_cast<size_t>(T));
             for (int64_t t = 0; t < T; ++t)
                 xn[size_t(t)] = rms_norm(x[size_t(t)], get(p + "input_layernorm.weight"));
-            std::vector<Vec> a = attention(p + "self_attn.", xn);
+            std::vector<Vec> a = attention(p + "self_attn.", xn, l, on_latent);
             for (int64_t t = 0; t < T; ++t) {
                 for (int64_t i = 0; i < D; ++i) x[size_t(t)][size_t(i)] += a[size_t(t)][size_t(i)];
                 Vec hn = rms_norm(x[size_t(t)], get(p + "post_attention_layernorm.weight"));
@@ -199,7 +206,8 @@ private:
         }
     }
 
-    std::vector<Vec> attention(const std::string& p, const std::vector<Vec>& xn) const {
+    std::vector<Vec> attention(const std::string& p, const std::vector<Vec>& xn, int64_t layer,
+                               const LatentHook& on_latent) const {
         const int64_t T = int64_t(xn.size()), H = c_.num_attention_heads,
                       nope = c_.qk_nope_head_dim, rope_d = c_.qk_rope_head_dim, dv = c_.v_head_dim,
                       r = c_.kv_lora_rank, dq = nope + rope_d;
@@ -225,6 +233,7 @@ private:
             Vec cn = rms_norm(Vec(kv.begin(), kv.begin() + r), get(p + "kv_a_layernorm.weight"));
             Vec kpe(kv.begin() + r, kv.end());
             rope(kpe, 0, t);
+            if (on_latent) on_latent(layer, t, cn, kpe);
             Vec kvfull = linear(cn, wkvb, H * (nope + dv));  // per head: [k_nope (nope), v (dv)]
             k[size_t(t)].assign(size_t(H * dq), 0.0);
             v[size_t(t)].assign(size_t(H * dv), 0.0);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "model_reference.h"
 #include "model_test_util.h"
 #include "runtime/generate.h"
 #include "runtime/kv_cache.h"
@@ -73,6 +74,41 @@ TEST_CASE("model: tiny-v2-lite greedy tokens match the reference") {
         INFO("prompt " << i);
         CHECK(greedy_tokens(s, ref.prompts[i], 24) == ref.greedy[i]);
     }
+}
+
+TEST_CASE(
+    "model: the cache holds c after kv_a_layernorm and k_pe after RoPE, per layer and position") {
+    TestModel m = open_test_model(converted_fixture(mgl::dtype::bf16));
+    FixtureReference ref = load_fixture_reference();
+    const auto& prompt = ref.prompts[1];
+    const ModelConfig& c = m.model->config();
+    const std::string dir = (data_dir() / "tiny-v2-lite").string();
+    StTensors w;
+    read_safetensors(dir + "/model-00001-of-00002.safetensors", w);
+    read_safetensors(dir + "/model-00002-of-00002.safetensors", w);
+    RefModel reference(
+        ref_config_from_hf(nlohmann::json::parse(std::ifstream(dir + "/config.json"))), w);
+
+    Session s(*m.model, *m.backend, small_session(64, 16));
+    s.eval(prompt);
+    std::vector<float> row(size_t(c.kv_cache_width()));
+    double worst = 0.0;
+    size_t rows = 0;
+    reference.forward(prompt, [&](int64_t layer, int64_t pos, const Vec& cn, const Vec& k_pe) {
+        s.cache().read_row(s.sequence(), layer, pos, row.data());
+        Vec want = cn;
+        want.insert(want.end(), k_pe.begin(), k_pe.end());
+        double max_diff = 0.0, max_ref = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+            max_diff = std::max(max_diff, std::fabs(double(row[i]) - want[i]));
+            max_ref = std::max(max_ref, std::fabs(want[i]));
+        }
+        worst = std::max(worst, max_diff / max_ref);
+        ++rows;
+    });
+    CHECK(rows == size_t(c.num_hidden_layers) * prompt.size());
+    INFO("worst relative difference of a cached row " << worst);
+    CHECK(worst <= 1e-5);
 }
 
 TEST_CASE("model: incremental decode and chunked prefill give the one-shot logits") {
