@@ -49,7 +49,8 @@ __global__ void matvec_kernel(MatvecParams p) {
     if (row >= p.n) return;
     constexpr int elems = (T == WeightType::bf16) ? 8 : 16;  // per 16-byte load
     const int64_t row_bytes = p.k * (T == WeightType::bf16 ? 2 : 1);
-    const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.w) + row * row_bytes);
+    const uint4* wrow =
+        reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.w) + row * row_bytes);
     const float* x = p.x + tok * p.k;
     float acc = 0.0f;
     for (int64_t v = lane; v < row_bytes / 16; v += 32) {

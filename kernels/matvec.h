@@ -19,7 +19,7 @@ struct MatvecParams {
     float* y = nullptr;              // [m, n]
     int64_t n = 0;
     int64_t k = 0;
-    int64_t m = 1;                   // rows of x (small: decode is 1)
+    int64_t m = 1;  // rows of x (small: decode is 1)
 };
 
 // Launches on `stream`; throws CudaError on a bad launch. k must be a multiple of 16 / elem size.

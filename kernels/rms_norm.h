@@ -8,9 +8,9 @@
 namespace minids::kernels {
 
 struct RmsNormParams {
-    const float* x = nullptr;       // [rows, dim]
-    const uint16_t* w = nullptr;    // [dim] bf16 weight (null: no weight)
-    float* y = nullptr;             // [rows, dim]; may alias x
+    const float* x = nullptr;     // [rows, dim]
+    const uint16_t* w = nullptr;  // [dim] bf16 weight (null: no weight)
+    float* y = nullptr;           // [rows, dim]; may alias x
     int64_t rows = 0;
     int64_t dim = 0;
     float eps = 1e-6f;

@@ -54,7 +54,8 @@ int main() {
     std::printf("device copy bandwidth (read+write): %.0f GB/s\n\n", ceiling);
     std::printf("| shape [N, K] | dtype | weight MB | median us | GB/s | of copy bw |\n");
     std::printf("|---|---|---|---|---|---|\n");
-    const long shapes[][2] = {{2048, 1408}, {1408, 2048}, {2048, 3072}, {102400, 2048}, {10944, 2048}};
+    const long shapes[][2] = {
+        {2048, 1408}, {1408, 2048}, {2048, 3072}, {102400, 2048}, {10944, 2048}};
     for (auto s : shapes) {
         for (WeightType t : {WeightType::bf16, WeightType::f8_e4m3}) {
             const size_t n = size_t(s[0]), k = size_t(s[1]);

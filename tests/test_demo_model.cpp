@@ -72,7 +72,8 @@ TEST_CASE("demo model: tokenizer reproduces the reference prompt ids") {
     for (const auto& p : ref["prompts"]) {
         std::vector<int> expected = p["ids"].get<std::vector<int>>();
         std::vector<int> ids;
-        for (auto id : tok.encode(p["text"].get<std::string>(), /*add_special=*/true)) ids.push_back(int(id));
+        for (auto id : tok.encode(p["text"].get<std::string>(), /*add_special=*/true))
+            ids.push_back(int(id));
         CHECK_MESSAGE(ids == expected, p["text"].get<std::string>());
     }
 }
@@ -89,7 +90,8 @@ TEST_CASE("demo model: minids run reproduces transformers' greedy tokens and log
         std::string out;
         const std::string cmd = test::minids_binary().string() + " run -m '" + model + "' --ids " +
                                 join_ids(ids) + " -n " + std::to_string(greedy.size()) +
-                                " --temp 0 --print-ids -t 2 --dump-logits '" + npy + "' 2>/dev/null";
+                                " --temp 0 --print-ids -t 2 --dump-logits '" + npy +
+                                "' 2>/dev/null";
         REQUIRE(run_capture(cmd, out) == 0);
         std::istringstream is(out);
         std::vector<int> got;

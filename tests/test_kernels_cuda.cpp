@@ -114,10 +114,12 @@ TEST_CASE("cuda rms_norm matches double reference" * doctest::skip(no_gpu)) {
     std::vector<double> ref(x.size());
     for (int64_t r = 0; r < rows; ++r) {
         double ss = 0;
-        for (int64_t i = 0; i < dim; ++i) ss += double(x[size_t(r * dim + i)]) * x[size_t(r * dim + i)];
+        for (int64_t i = 0; i < dim; ++i)
+            ss += double(x[size_t(r * dim + i)]) * x[size_t(r * dim + i)];
         double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
         for (int64_t i = 0; i < dim; ++i)
-            ref[size_t(r * dim + i)] = mgl::bf16_to_f32(w[size_t(i)]) * x[size_t(r * dim + i)] * inv;
+            ref[size_t(r * dim + i)] =
+                mgl::bf16_to_f32(w[size_t(i)]) * x[size_t(r * dim + i)] * inv;
     }
     DeviceArray<float> dx(x), dy(std::vector<float>(x.size(), NAN));
     DeviceArray<uint16_t> dw(w);

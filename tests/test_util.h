@@ -32,7 +32,8 @@ struct TempDir {
 
 // Uniform random floats in [lo, hi) from a fixed seed (tests are reproducible; vary the seed
 // between cases, never use zeros as test data).
-inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> dist(lo, hi);
     std::vector<float> v(n);

@@ -54,8 +54,8 @@ namespace mgl {
 // ---------------------------------------------------------------------------------------------
 enum class dtype : uint8_t { f32, f16, bf16, f8_e4m3, i32 };
 
-size_t dtype_size(dtype t);          // bytes per element
-const char* dtype_name(dtype t);     // "f32", "f16", "bf16", "f8_e4m3", "i32"
+size_t dtype_size(dtype t);       // bytes per element
+const char* dtype_name(dtype t);  // "f32", "f16", "bf16", "f8_e4m3", "i32"
 bool dtype_from_name(const std::string& name, dtype& out);  // false if unknown
 
 // BF16: round to nearest, ties to even; NaN stays NaN (quiet).
@@ -105,9 +105,9 @@ constexpr int max_srcs = 5;
 
 // RoPE parameters, computed once from the model config (see rope_params_yarn / rope_params_plain).
 struct rope_params {
-    int n_dims = 0;                   // rotary dims d (pairs = d/2), the innermost dim of x
-    std::vector<float> inv_freq;      // d/2 inverse frequencies
-    float attn_factor = 1.0f;         // cos and sin are multiplied by this (YaRN mscale ratio)
+    int n_dims = 0;               // rotary dims d (pairs = d/2), the innermost dim of x
+    std::vector<float> inv_freq;  // d/2 inverse frequencies
+    float attn_factor = 1.0f;     // cos and sin are multiplied by this (YaRN mscale ratio)
 };
 // Plain RoPE: inv_freq[i] = base^(-2i/d), attn_factor 1.
 rope_params rope_params_plain(int n_dims, float base);
@@ -120,11 +120,11 @@ float yarn_mscale(float scale, float m);
 
 enum class topk_method : uint8_t { greedy, group_limited_greedy };
 struct moe_route_params {
-    int k = 1;                      // experts per token
+    int k = 1;  // experts per token
     topk_method method = topk_method::greedy;
-    int n_group = 1;                // group-limited: experts split into n_group equal groups,
-    int topk_group = 1;             // score = group max; keep best topk_group groups
-    bool norm_topk_prob = false;    // if true and k > 1: w = s_k / Σ s_k
+    int n_group = 1;                     // group-limited: experts split into n_group equal groups,
+    int topk_group = 1;                  // score = group max; keep best topk_group groups
+    bool norm_topk_prob = false;         // if true and k > 1: w = s_k / Σ s_k
     float routed_scaling_factor = 1.0f;  // otherwise: w = s_k · routed_scaling_factor
 };
 
@@ -141,7 +141,7 @@ struct expert_weights {
     const float* down_scale = nullptr;  // [n_embd]
 };
 struct expert_set {
-    dtype type = dtype::bf16;          // f32, bf16 or f8_e4m3
+    dtype type = dtype::bf16;  // f32, bf16 or f8_e4m3
     int64_t n_embd = 0;
     int64_t n_ff = 0;
     std::vector<expert_weights> experts;  // indexed by expert id
@@ -159,11 +159,11 @@ struct tensor {
     // Op parameters (only the fields the op uses are meaningful).
     std::array<int32_t, 8> iparams{};
     std::array<float, 8> fparams{};
-    std::shared_ptr<const rope_params> rope;     // op::rope
-    std::shared_ptr<const expert_set> experts;   // op::moe_experts
-    size_t view_offset = 0;                      // op::view: byte offset into src[0]
-    void* data = nullptr;      // resolved address (host or device, per the owning backend)
-    buffer* buf = nullptr;     // owning buffer, or null for caller memory
+    std::shared_ptr<const rope_params> rope;    // op::rope
+    std::shared_ptr<const expert_set> experts;  // op::moe_experts
+    size_t view_offset = 0;                     // op::view: byte offset into src[0]
+    void* data = nullptr;   // resolved address (host or device, per the owning backend)
+    buffer* buf = nullptr;  // owning buffer, or null for caller memory
     std::string name;
 
     int64_t nelements() const;
@@ -171,7 +171,7 @@ struct tensor {
     int64_t dim(int i) const { return shape[size_t(i)]; }
 };
 
-size_t nbytes(const tensor& t);  // bytes spanned by a contiguous tensor of t's shape/dtype
+size_t nbytes(const tensor& t);          // bytes spanned by a contiguous tensor of t's shape/dtype
 std::string shape_str(const tensor& t);  // "[4, 64]"
 
 // Owns tensor structs (not their data). Pointers stay valid for the context's lifetime.
@@ -190,8 +190,9 @@ private:
 // ----- views (no copy) -----
 tensor* view(context& c, tensor* a, std::span<const int64_t> shape, std::span<const int64_t> stride,
              size_t byte_offset);
-tensor* reshape(context& c, tensor* a, std::initializer_list<int64_t> shape);  // a must be contiguous
-tensor* permute(context& c, tensor* a, std::initializer_list<int> axes);       // like torch.permute
+tensor* reshape(context& c, tensor* a,
+                std::initializer_list<int64_t> shape);                    // a must be contiguous
+tensor* permute(context& c, tensor* a, std::initializer_list<int> axes);  // like torch.permute
 tensor* transpose(context& c, tensor* a, int dim0, int dim1);
 // Slice [start, start+len) along dim.
 tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
@@ -318,9 +319,9 @@ struct error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 [[noreturn]] void fail(const char* file, int line, const std::string& msg);
-#define MGL_CHECK(cond, msg)                                       \
-    do {                                                           \
-        if (!(cond)) ::mgl::fail(__FILE__, __LINE__, (msg));       \
+#define MGL_CHECK(cond, msg)                                 \
+    do {                                                     \
+        if (!(cond)) ::mgl::fail(__FILE__, __LINE__, (msg)); \
     } while (0)
 
 }  // namespace mgl

@@ -116,7 +116,9 @@ void add_convert_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--expert-dtype", args->expert_dtype,
                     "routed expert storage: fp8 (E4M3 + row scales) or bf16")
         ->capture_default_str();
-    cmd->add_option("--threads", args->threads, "worker threads (0: twice the hardware threads, so computing overlaps the writes)")
+    cmd->add_option(
+           "--threads", args->threads,
+           "worker threads (0: twice the hardware threads, so computing overlaps the writes)")
         ->capture_default_str();
     cmd->add_flag("--force", args->force, "overwrite an existing output file");
     cmd->add_option("--synthetic", args->synthetic,

@@ -19,8 +19,9 @@
 //   "format": "minids",
 //   "version": 1,
 //   "config": { ModelConfig fields, exactly as written by config_to_json (src/model/config.h) },
-//   "tokenizer": { TokenizerData, as written by tokenizer_data_to_json (src/tokenizer/tokenizer_data.h) },
-//   "tensors": [ { "name": "model.embed_tokens.weight",    // checkpoint name, verbatim
+//   "tokenizer": { TokenizerData, as written by tokenizer_data_to_json
+//   (src/tokenizer/tokenizer_data.h) }, "tensors": [ { "name": "model.embed_tokens.weight",    //
+//   checkpoint name, verbatim
 //                  "dtype": "bf16", "shape": [1024, 64],   // outermost first
 //                  "offset": 8192, "nbytes": 131072,       // absolute file offset, exact size
 //                  "xxh3": "0123456789abcdef" } ... ],     // 16 lower-case hex digits
@@ -73,13 +74,13 @@ inline constexpr int mds_max_dims = 4;
 
 #pragma pack(push, 1)
 struct mds_preamble {
-    char magic[8];            // mds_magic
-    uint32_t version;         // mds_version
-    uint32_t flags;           // must be 0
-    uint64_t manifest_len;    // bytes of JSON following the preamble
-    uint64_t data_offset;     // multiple of 4096, >= 48 + manifest_len
-    uint64_t manifest_xxh3;   // XXH3_64bits(manifest)
-    uint64_t preamble_xxh3;   // XXH3_64bits(bytes [0, 40)) — everything above
+    char magic[8];           // mds_magic
+    uint32_t version;        // mds_version
+    uint32_t flags;          // must be 0
+    uint64_t manifest_len;   // bytes of JSON following the preamble
+    uint64_t data_offset;    // multiple of 4096, >= 48 + manifest_len
+    uint64_t manifest_xxh3;  // XXH3_64bits(manifest)
+    uint64_t preamble_xxh3;  // XXH3_64bits(bytes [0, 40)) — everything above
 };
 #pragma pack(pop)
 static_assert(sizeof(mds_preamble) == 48);

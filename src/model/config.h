@@ -30,9 +30,9 @@ struct YarnScaling {
 struct ModelConfig {
     std::string architecture = "DeepseekV2ForCausalLM";
     int64_t vocab_size = 0;
-    int64_t hidden_size = 0;             // n_embd
-    int64_t intermediate_size = 0;       // dense MLP
-    int64_t moe_intermediate_size = 0;   // one routed expert
+    int64_t hidden_size = 0;            // n_embd
+    int64_t intermediate_size = 0;      // dense MLP
+    int64_t moe_intermediate_size = 0;  // one routed expert
     int64_t num_hidden_layers = 0;
     int64_t num_attention_heads = 0;     // H
     std::optional<int64_t> q_lora_rank;  // null: q = x·W_qᵀ
@@ -40,7 +40,7 @@ struct ModelConfig {
     int64_t qk_nope_head_dim = 0;
     int64_t qk_rope_head_dim = 0;
     int64_t v_head_dim = 0;
-    int64_t n_routed_experts = 0;        // 0: no MoE layers
+    int64_t n_routed_experts = 0;             // 0: no MoE layers
     std::optional<int64_t> n_shared_experts;  // null: no shared expert
     int64_t num_experts_per_tok = 0;
     int64_t first_k_dense_replace = 0;

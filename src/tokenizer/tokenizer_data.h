@@ -24,15 +24,16 @@ struct AddedToken {
 };
 
 struct TokenizerData {
-    std::string model = "bpe";            // only byte-level BPE is supported
-    std::vector<std::string> vocab;       // token string by id ("" where an id is unused)
-    std::vector<std::string> merges;      // "left right", by rank (index = rank)
+    std::string model = "bpe";        // only byte-level BPE is supported
+    std::vector<std::string> vocab;   // token string by id ("" where an id is unused)
+    std::vector<std::string> merges;  // "left right", by rank (index = rank)
     std::vector<AddedToken> added_tokens;
     // Pre-tokenizer: a sequence of Split(regex, behavior) steps, applied in order, then the
     // ByteLevel mapping. Patterns come from the file; nothing is hard-coded per model.
     struct Split {
         std::string regex;
-        std::string behavior = "isolated";  // isolated | removed | merged_with_previous | merged_with_next | contiguous
+        std::string behavior = "isolated";  // isolated | removed | merged_with_previous |
+                                            // merged_with_next | contiguous
         bool invert = false;
     };
     std::vector<Split> pre_splits;
@@ -42,7 +43,7 @@ struct TokenizerData {
     std::optional<int32_t> eos_id;
     bool add_bos = true;
     bool add_eos = false;
-    std::string chat_template;            // Jinja source from tokenizer_config.json ("" if none)
+    std::string chat_template;  // Jinja source from tokenizer_config.json ("" if none)
 };
 
 struct TokenizerError : std::runtime_error {

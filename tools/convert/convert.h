@@ -22,7 +22,7 @@ struct ConvertOptions {
     std::filesystem::path hf_dir;
     std::filesystem::path out;
     mgl::dtype expert_dtype = mgl::dtype::f8_e4m3;  // or bf16
-    int threads = 0;  // 0: twice the hardware threads
+    int threads = 0;                                // 0: twice the hardware threads
     bool force = false;                             // overwrite an existing OUT
     bool progress = true;                           // progress line on stderr
 };
