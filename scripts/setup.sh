@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git
           libcli11-dev libxxhash-dev doctest-dev nlohmann-json3-dev libpcre2-dev libedit-dev
-          clang-14 libclang-rt-14-dev ccache)
+          clang-14 libclang-rt-14-dev clang-format ccache)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,9 +6,16 @@ cd "$(dirname "$0")/.."
 [ -x build/minids_tests ] || { echo "test: build/minids_tests missing; run ./scripts/setup.sh first" >&2; exit 2; }
 cmake --build build -j "${JOBS:-$(nproc)}" >/dev/null || { echo "test: build failed" >&2; exit 2; }
 
+if build/minids_tests -tc="cuda matvec bf16*" 2>&1 | grep -q "test cases: *0 |"; then
+    echo "test: no CUDA device here: the GPU test cases (cuda*) are reported as skipped" >&2
+fi
+
 log=$(mktemp)
 build/minids_tests "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
+
+# Formatting is part of the suite: every tracked source is clang-formatted.
+if [ $# -eq 0 ]; then scripts/check_format.sh || rc=1; fi
 
 # Fuzz the manifest parser for a bounded time when the fuzz build exists (see scripts/fuzz.sh).
 if [ -z "${MINIDS_NO_FUZZ:-}" ] && [ -x scripts/fuzz.sh ] && [ $# -eq 0 ]; then
