@@ -13,6 +13,8 @@
 
 #include <xxhash.h>
 
+#include "mds/manifest.h"
+
 namespace minids::mds {
 namespace {
 
@@ -25,46 +27,12 @@ using json = nlohmann::json;
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Local names and sizes so the writer does not depend on mgl's implementation file; they must
-// match mgl::dtype_name / dtype_size (the reader uses those).
-const char* dtype_str(mgl::dtype t) {
-    switch (t) {
-        case mgl::dtype::f32:
-            return "f32";
-        case mgl::dtype::f16:
-            return "f16";
-        case mgl::dtype::bf16:
-            return "bf16";
-        case mgl::dtype::f8_e4m3:
-            return "f8_e4m3";
-        case mgl::dtype::i32:
-            return "i32";
-    }
-    return "?";
-}
-
-uint64_t dtype_bytes(mgl::dtype t) {
-    switch (t) {
-        case mgl::dtype::f32:
-            return 4;
-        case mgl::dtype::f16:
-            return 2;
-        case mgl::dtype::bf16:
-            return 2;
-        case mgl::dtype::f8_e4m3:
-            return 1;
-        case mgl::dtype::i32:
-            return 4;
-    }
-    return 0;
-}
-
 // Elements × element size, refusing shapes whose byte count would overflow.
 uint64_t shape_bytes(mgl::dtype t, const std::vector<int64_t>& shape, const std::string& what) {
     if (shape.empty() || shape.size() > size_t(mds_max_dims))
         WRITER_FAULT(what + ": expected 1.." + std::to_string(mds_max_dims) + " dims, found " +
                      std::to_string(shape.size()));
-    uint64_t n = dtype_bytes(t);
+    uint64_t n = manifest_dtype_size(t);
     for (int64_t d : shape) {
         if (d < 0) WRITER_FAULT(what + ": negative dimension");
         if (d != 0 && n > (uint64_t(1) << 62) / uint64_t(d))
@@ -85,7 +53,8 @@ std::string xxh3_hex(uint64_t h) {
 
 ExpertLayout ExpertLayout::make(mgl::dtype dtype, int64_t n_embd, int64_t n_ff) {
     if (dtype != mgl::dtype::bf16 && dtype != mgl::dtype::f8_e4m3)
-        WRITER_FAULT(std::string("expert dtype must be bf16 or f8_e4m3, got ") + dtype_str(dtype));
+        WRITER_FAULT(std::string("expert dtype must be bf16 or f8_e4m3, got ") +
+                     manifest_dtype_name(dtype));
     if (n_embd <= 0 || n_ff <= 0) WRITER_FAULT("expert sizes must be positive");
     ExpertLayout l;
     l.dtype = dtype;
@@ -123,7 +92,8 @@ const ExpertLayout::Part& ExpertLayout::part(const char* name) const {
 json ExpertLayout::to_json() const {
     json j = json::object();
     for (const Part& p : parts)
-        j[p.name] = {{"offset", p.offset}, {"dtype", dtype_str(p.dtype)}, {"shape", p.shape}};
+        j[p.name] = {
+            {"offset", p.offset}, {"dtype", manifest_dtype_name(p.dtype)}, {"shape", p.shape}};
     return j;
 }
 
@@ -207,7 +177,7 @@ json MdsWriter::manifest(bool with_checksums) const {
     json tensors = json::array();
     for (const Item& t : tensors_)
         tensors.push_back({{"name", t.name},
-                           {"dtype", dtype_str(t.dtype)},
+                           {"dtype", manifest_dtype_name(t.dtype)},
                            {"shape", t.shape},
                            {"offset", t.offset},
                            {"nbytes", t.nbytes},
@@ -218,7 +188,7 @@ json MdsWriter::manifest(bool with_checksums) const {
         for (const Item& b : blobs_)
             blobs.push_back(
                 {{"layer", b.layer}, {"expert", b.expert}, {"offset", b.offset}, {"xxh3", sum(b)}});
-        experts = {{"dtype", dtype_str(layout_.dtype)},
+        experts = {{"dtype", manifest_dtype_name(layout_.dtype)},
                    {"n_embd", layout_.n_embd},
                    {"n_ff", layout_.n_ff},
                    {"layout", layout_.to_json()},
