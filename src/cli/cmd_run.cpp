@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -30,6 +31,7 @@ struct RunOptions {
     int64_t n_predict = -1;
     bool print_ids = false;
     std::string dump_logits;
+    std::string dump_tensors;
     bool no_bos = false;
 };
 
@@ -135,6 +137,22 @@ int run(const RunOptions& o) {
     gp.eos_id = m.tokenizer->eos_id() ? m.tokenizer->eos_id()
                                       : std::optional<int32_t>(int32_t(cfg.eos_token_id));
     gp.interrupt = &interrupt;
+    // --dump-tensors: every named intermediate of the prompt's forward as DIR/<name>.npy.
+    int64_t n_dumped = 0;
+    TensorObserver dump_tensor = [&](const mgl::tensor& t, std::span<const float> values) {
+        std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.n_dims);
+        write_npy_f32((std::filesystem::path(o.dump_tensors) / (t.name + ".npy")).string(), values,
+                      shape);
+        ++n_dumped;
+    };
+    if (!o.dump_tensors.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(o.dump_tensors, ec);
+        if (ec || !std::filesystem::is_directory(o.dump_tensors)) {
+            throw UserError("--dump-tensors: cannot create the directory " + o.dump_tensors);
+        }
+        gp.observe_prefill = &dump_tensor;
+    }
     std::vector<float> prompt_logits;
     GenerationStats st = generate(
         session, sampler, prompt, gp,
@@ -164,6 +182,10 @@ int run(const RunOptions& o) {
         write_npy_f32(o.dump_logits, prompt_logits, {n_prompt, cfg.vocab_size});
         std::fprintf(stderr, "minids run: wrote logits [%lld, %lld] to %s\n", (long long)n_prompt,
                      (long long)cfg.vocab_size, o.dump_logits.c_str());
+    }
+    if (!o.dump_tensors.empty()) {
+        std::fprintf(stderr, "minids run: wrote %lld named intermediates of the prompt to %s\n",
+                     (long long)n_dumped, o.dump_tensors.c_str());
     }
     std::fprintf(
         stderr,
@@ -201,6 +223,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
     add_sampling_flags(*cmd, opts->sampling);
     cmd->add_flag("--print-ids", opts->print_ids,
                   "print the generated token ids (one line) instead of the text");
+    cmd->add_option("--dump-tensors", opts->dump_tensors,
+                    "write every named intermediate of the prompt's forward (e.g. q_pe-3, "
+                    "kv_cmpr-0, moe_out-1, result_output) as DIR/NAME.npy float32, to compare a "
+                    "run layer by layer with a reference");
     cmd->add_option("--dump-logits", opts->dump_logits,
                     "write the float32 logits of every prompt position to this .npy file, shape "
                     "[n_prompt, vocab]");

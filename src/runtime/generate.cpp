@@ -24,7 +24,7 @@ GenerationStats generate(Session& session, Sampler& sampler, std::span<const int
     auto t0 = std::chrono::steady_clock::now();
     if (!new_tokens.empty()) {
         const bool all = prefill_logits != nullptr;
-        logits = session.eval(new_tokens, all);
+        logits = session.eval(new_tokens, all, params.observe_prefill);
         if (all) {
             *prefill_logits = logits;
             logits.erase(logits.begin(), logits.end() - vocab);

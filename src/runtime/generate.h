@@ -28,6 +28,7 @@ struct GenerateParams {
     int64_t n_predict = -1;         // < 0: until EOS or the context is full
     std::optional<int32_t> eos_id;  // stop at this token (not emitted)
     const InterruptHandler* interrupt = nullptr;
+    const TensorObserver* observe_prefill = nullptr;  // sees the prefill's named intermediates
 };
 
 // Prefills `new_tokens` after the session's history (all of them must be new; callers truncate

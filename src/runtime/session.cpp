@@ -20,6 +20,25 @@ KvCacheParams cache_params(const ModelConfig& c, const SessionParams& p) {
 
 }  // namespace
 
+void Session::report_tensors(const std::vector<mgl::tensor*>& nodes,
+                             const TensorObserver& observe) {
+    std::vector<float> values;
+    std::vector<int32_t> ints;
+    for (mgl::tensor* n : nodes) {
+        MGL_CHECK(n->is_contiguous(), "session: named node " + n->name + " is not contiguous");
+        const size_t count = size_t(n->nelements());
+        values.resize(count);
+        if (n->type == mgl::dtype::i32) {
+            ints.resize(count);
+            backend_.download(*n, ints.data(), 0, count * sizeof(int32_t));
+            for (size_t i = 0; i < count; ++i) values[i] = float(ints[i]);
+        } else {
+            backend_.download(*n, values.data(), 0, count * sizeof(float));
+        }
+        observe(*n, values);
+    }
+}
+
 Session::Session(const Deepseek2Model& model, mgl::backend& backend, const SessionParams& params)
     : model_(model),
       backend_(backend),
@@ -35,7 +54,8 @@ Session::Session(const Deepseek2Model& model, mgl::backend& backend, LatentKvCac
 
 Session::~Session() { cache_->free_sequence(seq_); }
 
-std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
+                                 const TensorObserver* observe) {
     const int64_t T = int64_t(tokens.size());
     MGL_CHECK(T > 0, "session: eval of an empty batch");
     const int64_t n_past = this->n_past();
@@ -70,9 +90,26 @@ std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logit
 
     mgl::tensor* logits = model_.build_forward(ctx, batch, *cache_);
     mgl::graph g = mgl::build_graph(ctx, {logits});
+    std::vector<mgl::tensor*> observed;
+    if (observe) {
+        // Rebuild with every named computed node as an output, so none is overwritten.
+        std::vector<mgl::tensor*> outputs{logits};
+        for (mgl::tensor* n : g.nodes) {
+            const bool dumpable = n->type == mgl::dtype::f32 || n->type == mgl::dtype::i32;
+            // kv_store's node aliases the whole cache, which is no intermediate.
+            const bool computed = n->op_kind != mgl::op::view && n->op_kind != mgl::op::kv_store;
+            if (n != logits && !n->name.empty() && computed && dumpable) {
+                observed.push_back(n);
+                outputs.push_back(n);
+            }
+        }
+        observed.push_back(logits);
+        g = mgl::build_graph(ctx, outputs);
+    }
     backend_.allocate(g);
     backend_.compute(g);
     backend_.synchronize();
+    if (observe) report_tensors(observed, *observe);
     std::vector<float> out(size_t(logits->nelements()));
     backend_.download(*logits, out.data(), 0, out.size() * sizeof(float));
 

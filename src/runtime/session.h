@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -18,6 +19,11 @@ struct SessionParams {
     int64_t page_size = 64;  // KV cache page, in tokens
 };
 
+// Sees every named intermediate of an eval (e.g. "q_pe-3", "moe_out-1", "result_output") after
+// the graph ran, as contiguous float32 values in the tensor's shape (I32 tensors such as
+// expert_ids are converted). Views are not reported: their source is.
+using TensorObserver = std::function<void(const mgl::tensor& t, std::span<const float> values)>;
+
 class Session {
 public:
     // A session with its own cache for one sequence of up to params.n_ctx tokens.
@@ -32,7 +38,10 @@ public:
     // Appends `tokens` after the cached ones in one graph and returns their logits:
     // [tokens.size(), vocab] row-major with all_logits, else the last position's [vocab].
     // Throws mgl::error when the context would overflow (callers check first).
-    std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false);
+    // With `observe`, every named intermediate is kept alive (the arena does not reuse it) and
+    // handed to the observer: slower, for dumping a run layer by layer.
+    std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false,
+                            const TensorObserver* observe = nullptr);
     // Forgets everything after the first n tokens (the cache keeps the prefix).
     void truncate(int64_t n);
     // Length of the common prefix of `tokens` and the history.
@@ -46,6 +55,8 @@ public:
     const Deepseek2Model& model() const { return model_; }
 
 private:
+    void report_tensors(const std::vector<mgl::tensor*>& nodes, const TensorObserver& observe);
+
     const Deepseek2Model& model_;
     mgl::backend& backend_;
     std::unique_ptr<LatentKvCache> own_cache_;
