@@ -28,9 +28,11 @@ int main(int argc, char** argv) {
     try {
         app.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {
-        // --help / --version exit 0; a wrong flag prints one message and exits 2.
-        int rc = app.exit(e);
-        return rc == 0 ? 0 : minids::cli::exit_bad_input;
+        // --help / --version print and exit 0; a wrong flag is one line on stderr and exit 2.
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::fprintf(stderr, "minids: error: %s (see minids --help, or minids COMMAND --help)\n",
+                     e.what());
+        return minids::cli::exit_bad_input;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "minids: error: %s\n", e.what());
         return minids::cli::exit_failure;
