@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,16 @@ inline CliResult run_minids(const std::vector<std::string>& args,
     r.out = slurp(io.path / "out");
     r.err = slurp(io.path / "err");
     return r;
+}
+
+// Token ids as text: "0,5,9" with sep ",", as --ids takes them; with " ", as --print-ids prints.
+inline std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) s += sep;  // appended piece by piece: GCC 12 warns falsely on "lit" + std::string
+        s += std::to_string(ids[i]);
+    }
+    return s;
 }
 
 inline std::vector<std::string> lines_of(const std::string& s) {

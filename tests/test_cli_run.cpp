@@ -9,44 +9,27 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "npy_test_util.h"
 #include "runtime/npy.h"
 #include "safetensors_io.h"
 #include "test_util.h"
 
 using namespace minids::test;
 
-namespace {
-
-// Parses a version 1.0 .npy of float32: the header dictionary and the values.
-bool read_npy_f32(const std::string& path, std::string& header, std::vector<float>& values) {
-    std::ifstream f(path, std::ios::binary);
-    std::vector<char> b((std::istreambuf_iterator<char>(f)), {});
-    if (b.size() < 10 || std::memcmp(b.data(), "\x93NUMPY\x01\x00", 8) != 0) return false;
-    const size_t len = size_t(uint8_t(b[8])) | size_t(uint8_t(b[9])) << 8;
-    if ((10 + len) % 64 != 0 || b.size() < 10 + len || b[10 + len - 1] != '\n') return false;
-    header.assign(b.data() + 10, len);
-    values.resize((b.size() - 10 - len) / 4);
-    std::memcpy(values.data(), b.data() + 10 + len, values.size() * 4);
-    return true;
-}
-
-}  // namespace
-
 TEST_CASE("run: .npy writer produces a NumPy 1.0 float32 array") {
     TempDir dir;
     const auto path = (dir.path / "x.npy").string();
     std::vector<float> v = random_floats(3 * 7, 11);
     minids::write_npy_f32(path, v, {3, 7});
-    std::string header;
-    std::vector<float> back;
-    REQUIRE(read_npy_f32(path, header, back));
-    CHECK(header.find("'descr': '<f4'") != std::string::npos);
-    CHECK(header.find("'fortran_order': False") != std::string::npos);
-    CHECK(header.find("'shape': (3, 7)") != std::string::npos);
-    CHECK(back == v);
+    NpyF32 npy;
+    REQUIRE(read_npy_f32(path, npy));
+    CHECK(npy.header.find("'descr': '<f4'") != std::string::npos);
+    CHECK(npy.header.find("'fortran_order': False") != std::string::npos);
+    CHECK(npy.header.find("'shape': (3, 7)") != std::string::npos);
+    CHECK(npy.values == v);
     minids::write_npy_f32(path, std::span(v).first(5), {5});
-    REQUIRE(read_npy_f32(path, header, back));
-    CHECK(header.find("'shape': (5,)") != std::string::npos);
+    REQUIRE(read_npy_f32(path, npy));
+    CHECK(npy.header.find("'shape': (5,)") != std::string::npos);
     CHECK_THROWS(minids::write_npy_f32(path, v, {4, 7}));
     CHECK_THROWS(minids::write_npy_f32((dir.path / "no" / "such" / "dir.npy").string(), v, {21}));
 }
@@ -54,12 +37,6 @@ TEST_CASE("run: .npy writer produces a NumPy 1.0 float32 array") {
 // ---- the binary on the converted fixture ----
 
 namespace {
-
-std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
-    std::string s;
-    for (size_t i = 0; i < ids.size(); ++i) s += (i ? sep : "") + std::to_string(ids[i]);
-    return s;
-}
 
 struct Reference {
     std::vector<std::vector<int32_t>> prompts, greedy;
@@ -107,10 +84,10 @@ TEST_CASE("run cli: --dump-logits writes the prompt logits, matching the referen
     INFO("stderr: " << r.err);
     REQUIRE(r.status == 0);
     CHECK(r.out.empty());
-    std::string header;
-    std::vector<float> got;
-    REQUIRE(read_npy_f32(npy, header, got));
-    CHECK(header.find("'shape': (41, 1024)") != std::string::npos);
+    NpyF32 dumped;
+    REQUIRE(read_npy_f32(npy, dumped));
+    CHECK(dumped.header.find("'shape': (41, 1024)") != std::string::npos);
+    const std::vector<float>& got = dumped.values;
     const auto& want = logits.at("logits_1").values;
     REQUIRE(got.size() == want.size());
     for (size_t t = 0; t < 41; ++t) {
@@ -184,10 +161,9 @@ TEST_CASE(
         CliResult r = run_minids(args);
         INFO("stderr: " << r.err);
         REQUIRE(r.status == 0);
-        std::string header;
-        std::vector<float> v;
-        REQUIRE(read_npy_f32((dir.path / "l.npy").string(), header, v));
-        return v.size() / 1024;
+        NpyF32 npy;
+        REQUIRE(read_npy_f32((dir.path / "l.npy").string(), npy));
+        return npy.values.size() / 1024;
     };
     const size_t from_file = prompt_tokens({"-f", prompt_file});
     CHECK(from_file == prompt_tokens({"-p", "Hello there, general purpose text."}));

@@ -4,7 +4,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,46 +11,19 @@
 #include "cli_test_util.h"
 #include "model_reference.h"
 #include "model_test_util.h"
+#include "npy_test_util.h"
 
 using namespace minids;
 using namespace minids::test;
 
 namespace {
 
-struct Npy {
-    std::vector<int64_t> shape;
-    std::vector<float> values;
-};
-
-// A version-1.0 little-endian float32 .npy as written by minids (C order).
-Npy read_npy(const std::filesystem::path& path) {
-    const std::string b = slurp(path);
-    REQUIRE_MESSAGE(b.size() >= 10, path.string());
-    REQUIRE(std::memcmp(b.data(), "\x93NUMPY\x01\x00", 8) == 0);
-    const size_t len = size_t(uint8_t(b[8])) | size_t(uint8_t(b[9])) << 8;
-    const std::string header = b.substr(10, len);
-    REQUIRE(header.find("'<f4'") != std::string::npos);
-    Npy n;
-    const size_t open = header.find("'shape': (") + 10, close = header.find(')', open);
-    std::string dims = header.substr(open, close - open);
-    for (size_t p = 0; p < dims.size();) {
-        size_t q = dims.find(',', p);
-        if (q == std::string::npos) q = dims.size();
-        if (q > p) n.shape.push_back(std::stoll(dims.substr(p, q - p)));
-        p = q + 1;
-    }
-    n.values.resize((b.size() - 10 - len) / 4);
-    std::memcpy(n.values.data(), b.data() + 10 + len, n.values.size() * 4);
+// The .npy at `path`, which must be a float32 array.
+NpyF32 read_npy(const std::filesystem::path& path) {
+    NpyF32 n;
+    REQUIRE_MESSAGE(read_npy_f32(path.string(), n), path.string());
+    REQUIRE(n.header.find("'<f4'") != std::string::npos);
     return n;
-}
-
-std::string ids_arg(const std::vector<int32_t>& ids) {
-    std::string s;
-    for (size_t i = 0; i < ids.size(); ++i) {
-        if (i) s += ',';
-        s += std::to_string(ids[i]);
-    }
-    return s;
 }
 
 }  // namespace
@@ -62,19 +34,19 @@ TEST_CASE("run --dump-tensors: latent KV per layer matches the reference; logits
     const auto& prompt = ref.prompts[1];
     TempDir dir;
     const auto dump = dir.path / "dump";
-    CliResult r = run_minids({"run", "-m", model.string(), "--ids", ids_arg(prompt), "-n", "0",
-                              "-t", "2", "--dump-tensors", dump.string(), "--dump-logits",
+    CliResult r = run_minids({"run", "-m", model.string(), "--ids", join_ids(prompt, ","), "-n",
+                              "0", "-t", "2", "--dump-tensors", dump.string(), "--dump-logits",
                               (dir.path / "plain.npy").string()});
     REQUIRE_MESSAGE(r.status == 0, r.err);
     CHECK(r.err.find("named intermediates") != std::string::npos);
 
     // The observed run's logits equal the plain --dump-logits of the same process bit for bit,
     // and a second, unobserved run gives the same logits too.
-    const Npy observed = read_npy(dump / "result_output.npy");
-    const Npy plain = read_npy(dir.path / "plain.npy");
+    const NpyF32 observed = read_npy(dump / "result_output.npy");
+    const NpyF32 plain = read_npy(dir.path / "plain.npy");
     CHECK(observed.values == plain.values);
-    CliResult r2 = run_minids({"run", "-m", model.string(), "--ids", ids_arg(prompt), "-n", "0",
-                               "-t", "1", "--dump-logits", (dir.path / "fresh.npy").string()});
+    CliResult r2 = run_minids({"run", "-m", model.string(), "--ids", join_ids(prompt, ","), "-n",
+                               "0", "-t", "1", "--dump-logits", (dir.path / "fresh.npy").string()});
     REQUIRE(r2.status == 0);
     CHECK(read_npy(dir.path / "fresh.npy").values == plain.values);
 
@@ -85,7 +57,7 @@ TEST_CASE("run --dump-tensors: latent KV per layer matches the reference; logits
     read_safetensors(hf + "/model-00002-of-00002.safetensors", w);
     RefModel reference(
         ref_config_from_hf(nlohmann::json::parse(std::ifstream(hf + "/config.json"))), w);
-    std::vector<Npy> c_dump, kpe_dump;
+    std::vector<NpyF32> c_dump, kpe_dump;
     for (int l = 0; l < 4; ++l) {
         c_dump.push_back(read_npy(dump / ("kv_cmpr-" + std::to_string(l) + ".npy")));
         kpe_dump.push_back(read_npy(dump / ("k_pe-" + std::to_string(l) + ".npy")));
@@ -94,7 +66,7 @@ TEST_CASE("run --dump-tensors: latent KV per layer matches the reference; logits
     }
     double worst = 0.0;
     reference.forward(prompt, [&](int64_t layer, int64_t pos, const Vec& c, const Vec& k_pe) {
-        auto rel = [&](const Npy& got, const Vec& want) {
+        auto rel = [&](const NpyF32& got, const Vec& want) {
             double max_diff = 0.0, max_ref = 0.0;
             for (size_t i = 0; i < want.size(); ++i) {
                 const double g = got.values[size_t(pos) * want.size() + i];
