@@ -37,15 +37,6 @@ struct DeviceArray {
     }
 };
 
-double rel_l2(const std::vector<float>& got, const std::vector<double>& ref) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        num += (got[i] - ref[i]) * (got[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return std::sqrt(num / den);
-}
-
 void check_matvec(kernels::WeightType type, int64_t n, int64_t k, int64_t m, uint64_t seed) {
     auto wf = test::random_floats(size_t(n * k), seed);
     auto x = test::random_floats(size_t(m * k), seed + 1);
@@ -89,7 +80,7 @@ void check_matvec(kernels::WeightType type, int64_t n, int64_t k, int64_t m, uin
     CUDA_CHECK(cudaDeviceSynchronize());
     auto y = dy.download();
     for (float v : y) REQUIRE(std::isfinite(v));
-    CHECK(rel_l2(y, ref) < 1e-5);
+    CHECK(test::relative_l2(y, ref) < 1e-5);
 }
 
 }  // namespace
@@ -125,7 +116,7 @@ TEST_CASE("cuda rms_norm matches double reference" * doctest::skip(no_gpu)) {
     DeviceArray<uint16_t> dw(w);
     kernels::rms_norm({dx.ptr, dw.ptr, dy.ptr, rows, dim, 1e-6f}, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
-    CHECK(rel_l2(dy.download(), ref) < 1e-6);
+    CHECK(test::relative_l2(dy.download(), ref) < 1e-6);
 }
 
 TEST_CASE("cuda kernels reject unsupported shapes with a clear error") {

@@ -38,15 +38,6 @@ std::vector<int32_t> greedy_tokens(Session& s, std::span<const int32_t> prompt, 
     return out;
 }
 
-double relative_l2(std::span<const float> got, const std::vector<double>& ref) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return std::sqrt(num / den);
-}
-
 }  // namespace
 
 TEST_CASE("model: tiny-v2-lite logits match the reference at every position (BF16 experts)") {

@@ -1,10 +1,13 @@
 // Shared helpers for the test suite.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,16 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0
     std::vector<float> v(n);
     for (auto& x : v) x = dist(rng);
     return v;
+}
+
+// ‖got − ref‖₂ / ‖ref‖₂ over ref.size() elements (got must have at least as many).
+inline double relative_l2(std::span<const float> got, std::span<const double> ref) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / den);
 }
 
 // True when the CUDA runtime reports at least one device (always false without CUDA).
