@@ -10,17 +10,20 @@ if build/minids_tests -tc="cuda matvec bf16*" 2>&1 | grep -q "test cases: *0 |";
     echo "test: no CUDA device here: the GPU test cases (cuda*) are reported as skipped" >&2
 fi
 
-log=$(mktemp)
-build/minids_tests "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-
+# Formatting and fuzzing first, so the output ends with the test runner's summary.
+checks_rc=0
 # Formatting is part of the suite: every tracked source is clang-formatted.
-if [ $# -eq 0 ]; then scripts/check_format.sh || rc=1; fi
+if [ $# -eq 0 ]; then scripts/check_format.sh || checks_rc=1; fi
 
 # Fuzz the manifest parser for a bounded time when the fuzz build exists (see scripts/fuzz.sh).
 if [ -z "${MINIDS_NO_FUZZ:-}" ] && [ -x scripts/fuzz.sh ] && [ $# -eq 0 ]; then
-    scripts/fuzz.sh 60 || rc=1
+    scripts/fuzz.sh 60 || checks_rc=1
 fi
+
+log=$(mktemp)
+build/minids_tests "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+[ "$checks_rc" -eq 0 ] || rc=1
 
 summary=$(grep -E '^\[doctest\] test cases:' "$log" | tail -1)
 passed=$(echo "$summary" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
