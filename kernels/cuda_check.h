@@ -1,21 +1,18 @@
-// Error checking for CUDA runtime calls: every call is checked, failures throw with file:line.
+// Error checking for CUDA runtime calls: every call is checked, failures throw mgl::error with
+// file:line (internal faults; the one error type of the tensor library and its kernels).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <stdexcept>
 #include <string>
+
+#include "mgl.h"
 
 namespace minids::kernels {
 
-struct CudaError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
 inline void cuda_check(cudaError_t err, const char* expr, const char* file, int line) {
     if (err != cudaSuccess) {
-        throw CudaError(std::string(file) + ":" + std::to_string(line) + ": " + expr + ": " +
-                        cudaGetErrorString(err));
+        ::mgl::fail(file, line, std::string(expr) + ": " + cudaGetErrorString(err));
     }
 }
 

@@ -40,22 +40,22 @@ __device__ inline float dot16_fp8(const uint4 wv, const float* x) {
 }
 
 // One warp per output row; each lane reads 16 contiguous bytes per step (coalesced 512 B/warp).
-template <WeightType T>
+template <mgl::dtype T>
 __global__ void matvec_kernel(MatvecParams p) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int64_t row = int64_t(blockIdx.x) * warps_per_block + warp;
     const int64_t tok = blockIdx.y;
     if (row >= p.n) return;
-    constexpr int elems = (T == WeightType::bf16) ? 8 : 16;  // per 16-byte load
-    const int64_t row_bytes = p.k * (T == WeightType::bf16 ? 2 : 1);
+    constexpr int elems = (T == mgl::dtype::bf16) ? 8 : 16;  // per 16-byte load
+    const int64_t row_bytes = p.k * (T == mgl::dtype::bf16 ? 2 : 1);
     const uint4* wrow =
         reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.w) + row * row_bytes);
     const float* x = p.x + tok * p.k;
     float acc = 0.0f;
     for (int64_t v = lane; v < row_bytes / 16; v += 32) {
         const uint4 wv = __ldg(wrow + v);
-        if constexpr (T == WeightType::bf16) {
+        if constexpr (T == mgl::dtype::bf16) {
             acc += dot16_bf16(wv, x + v * elems);
         } else {
             acc += dot16_fp8(wv, x + v * elems);
@@ -63,7 +63,7 @@ __global__ void matvec_kernel(MatvecParams p) {
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-        const float s = (T == WeightType::f8_e4m3 && p.w_scale) ? p.w_scale[row] : 1.0f;
+        const float s = (T == mgl::dtype::f8_e4m3 && p.w_scale) ? p.w_scale[row] : 1.0f;
         p.y[tok * p.n + row] = acc * s;
     }
 }
@@ -71,18 +71,19 @@ __global__ void matvec_kernel(MatvecParams p) {
 }  // namespace
 
 void matvec(const MatvecParams& p, cudaStream_t stream) {
-    const int64_t elem = p.type == WeightType::bf16 ? 2 : 1;
+    const int64_t elem = p.type == mgl::dtype::bf16 ? 2 : 1;
     if (p.n <= 0 || p.k <= 0 || p.m <= 0 || (p.k * elem) % 16 != 0 || p.m > 65535) {
-        throw CudaError("matvec: unsupported shape (n, k, m) = (" + std::to_string(p.n) + ", " +
+        ::mgl::fail(__FILE__, __LINE__,
+                    "matvec: unsupported shape (n, k, m) = (" + std::to_string(p.n) + ", " +
                         std::to_string(p.k) + ", " + std::to_string(p.m) +
                         "): k·elem must be a multiple of 16 and m <= 65535");
     }
     dim3 grid(unsigned((p.n + warps_per_block - 1) / warps_per_block), unsigned(p.m));
     dim3 block(32 * warps_per_block);
-    if (p.type == WeightType::bf16) {
-        matvec_kernel<WeightType::bf16><<<grid, block, 0, stream>>>(p);
+    if (p.type == mgl::dtype::bf16) {
+        matvec_kernel<mgl::dtype::bf16><<<grid, block, 0, stream>>>(p);
     } else {
-        matvec_kernel<WeightType::f8_e4m3><<<grid, block, 0, stream>>>(p);
+        matvec_kernel<mgl::dtype::f8_e4m3><<<grid, block, 0, stream>>>(p);
     }
     CUDA_CHECK_LAUNCH();
 }

@@ -38,8 +38,9 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     if (p.rows <= 0 || p.dim <= 0 || p.rows > 0x7fffffff) {
-        throw CudaError("rms_norm: unsupported shape (rows, dim) = (" + std::to_string(p.rows) +
-                        ", " + std::to_string(p.dim) + ")");
+        ::mgl::fail(__FILE__, __LINE__,
+                    "rms_norm: unsupported shape (rows, dim) = (" + std::to_string(p.rows) + ", " +
+                        std::to_string(p.dim) + ")");
     }
     rms_norm_kernel<<<unsigned(p.rows), block_threads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();

@@ -57,9 +57,9 @@ int main() {
     const long shapes[][2] = {
         {2048, 1408}, {1408, 2048}, {2048, 3072}, {102400, 2048}, {10944, 2048}};
     for (auto s : shapes) {
-        for (WeightType t : {WeightType::bf16, WeightType::f8_e4m3}) {
+        for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3}) {
             const size_t n = size_t(s[0]), k = size_t(s[1]);
-            const size_t wbytes = n * k * (t == WeightType::bf16 ? 2 : 1);
+            const size_t wbytes = n * k * (t == mgl::dtype::bf16 ? 2 : 1);
             const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1));
             std::vector<void*> w(static_cast<size_t>(copies));
             for (auto& p : w) {
@@ -96,7 +96,7 @@ int main() {
             const double med = median(us);
             const double gbs = double(wbytes) / (med * 1e-6) / 1e9;
             std::printf("| %zu x %zu | %s | %.1f | %.1f | %.0f | %.0f%% |\n", n, k,
-                        t == WeightType::bf16 ? "bf16" : "f8_e4m3", double(wbytes) / 1e6, med, gbs,
+                        t == mgl::dtype::bf16 ? "bf16" : "f8_e4m3", double(wbytes) / 1e6, med, gbs,
                         100.0 * gbs / ceiling);
             for (auto q : w) cudaFree(q);
             cudaFree(x);

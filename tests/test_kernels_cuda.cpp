@@ -37,13 +37,13 @@ struct DeviceArray {
     }
 };
 
-void check_matvec(kernels::WeightType type, int64_t n, int64_t k, int64_t m, uint64_t seed) {
+void check_matvec(mgl::dtype type, int64_t n, int64_t k, int64_t m, uint64_t seed) {
     auto wf = test::random_floats(size_t(n * k), seed);
     auto x = test::random_floats(size_t(m * k), seed + 1);
     auto scale = test::random_floats(size_t(n), seed + 2, 0.5f, 2.0f);
     std::vector<double> wdec(size_t(n * k));
     std::vector<uint8_t> wbytes;
-    if (type == kernels::WeightType::bf16) {
+    if (type == mgl::dtype::bf16) {
         wbytes.resize(size_t(n * k) * 2);
         auto* w16 = reinterpret_cast<uint16_t*>(wbytes.data());
         for (size_t i = 0; i < wf.size(); ++i) {
@@ -70,7 +70,7 @@ void check_matvec(kernels::WeightType type, int64_t n, int64_t k, int64_t m, uin
     kernels::MatvecParams p;
     p.type = type;
     p.w = dw.ptr;
-    p.w_scale = type == kernels::WeightType::f8_e4m3 ? dscale.ptr : nullptr;
+    p.w_scale = type == mgl::dtype::f8_e4m3 ? dscale.ptr : nullptr;
     p.x = dx.ptr;
     p.y = dy.ptr;
     p.n = n;
@@ -86,14 +86,14 @@ void check_matvec(kernels::WeightType type, int64_t n, int64_t k, int64_t m, uin
 }  // namespace
 
 TEST_CASE("cuda matvec bf16 matches double reference" * doctest::skip(no_gpu)) {
-    check_matvec(kernels::WeightType::bf16, 37, 64, 1, 11);
-    check_matvec(kernels::WeightType::bf16, 1408, 2048, 1, 12);
-    check_matvec(kernels::WeightType::bf16, 2048, 1408, 3, 13);
+    check_matvec(mgl::dtype::bf16, 37, 64, 1, 11);
+    check_matvec(mgl::dtype::bf16, 1408, 2048, 1, 12);
+    check_matvec(mgl::dtype::bf16, 2048, 1408, 3, 13);
 }
 
 TEST_CASE("cuda matvec fp8 with row scales matches double reference" * doctest::skip(no_gpu)) {
-    check_matvec(kernels::WeightType::f8_e4m3, 45, 48, 1, 21);
-    check_matvec(kernels::WeightType::f8_e4m3, 2048, 1408, 2, 22);
+    check_matvec(mgl::dtype::f8_e4m3, 45, 48, 1, 21);
+    check_matvec(mgl::dtype::f8_e4m3, 2048, 1408, 2, 22);
 }
 
 TEST_CASE("cuda rms_norm matches double reference" * doctest::skip(no_gpu)) {
@@ -123,6 +123,6 @@ TEST_CASE("cuda kernels reject unsupported shapes with a clear error") {
     kernels::MatvecParams p;
     p.n = 4;
     p.k = 7;  // 14 bytes per bf16 row: not a multiple of 16
-    CHECK_THROWS_AS(kernels::matvec(p, nullptr), kernels::CudaError);
+    CHECK_THROWS_AS(kernels::matvec(p, nullptr), mgl::error);
 }
 #endif  // MINIDS_HAVE_CUDA

@@ -13,8 +13,14 @@
 
 namespace minids::test {
 
-inline std::filesystem::path data_dir() { return MINIDS_TEST_DATA; }
-inline std::filesystem::path minids_binary() { return MINIDS_BINARY; }
+// Compiled-in paths of this checkout, overridable from the environment so a build can be carried
+// to another machine (the GPU machine) and run against that machine's copy of the tree.
+inline std::filesystem::path env_or(const char* name, const char* fallback) {
+    const char* v = std::getenv(name);
+    return (v && *v) ? std::filesystem::path(v) : std::filesystem::path(fallback);
+}
+inline std::filesystem::path data_dir() { return env_or("MINIDS_TEST_DATA", MINIDS_TEST_DATA); }
+inline std::filesystem::path minids_binary() { return env_or("MINIDS_BINARY", MINIDS_BINARY); }
 
 // A fresh temporary directory, removed when the object goes out of scope.
 struct TempDir {
