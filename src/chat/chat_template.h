@@ -39,6 +39,12 @@ std::string render_chat_json(const std::string& template_src,
                              const std::string& bos_token, const std::string& eos_token,
                              const nlohmann::ordered_json& extra);
 
+// Checks a model's own template the way loading the model does: it parses, and it renders a few
+// short conversations within its limits (jinja.h). A template may refuse a conversation with
+// raise_exception (no system role, say); any other failure is thrown as ChatTemplateError.
+void check_chat_template(std::string_view template_src, const std::string& bos_token,
+                         const std::string& eos_token);
+
 // The template to use: `choice` is a built-in name (deepseek2, deepseek3, chatml), or Jinja
 // source (anything containing "{%" or "{{"), or empty for the model's own `model_template`.
 // Throws ChatTemplateError when `choice` is neither, or when it is empty and the model has none.

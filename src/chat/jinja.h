@@ -22,10 +22,24 @@
 // upper/lower/title/capitalize change ASCII letters only.
 // Anything outside the subset fails with ChatTemplateError naming the line, never silently.
 //
+// Limits. A template is code from a model file or the command line, so a render is bounded in
+// stack, memory and time whatever the template does:
+//   * nesting of statements, brackets, operators, filters and unary operators together, and the
+//     depth of the expression trees they build: at most jinja_max_depth, checked while parsing;
+//   * lists and dicts nested at most jinja_max_value_depth deep; a namespace() cannot be put in
+//     a list, dict or namespace (so values never form a cycle);
+//   * every string, the output included: at most jinja_max_string_bytes;
+//   * work: jinja_base_work units plus 16 for each unit the context itself costs to convert
+//     (so a long conversation gets proportionally more); a unit is one interpreter step, one
+//     element a built-in makes or walks, or 64 bytes of string.
+// Going past a limit is a ChatTemplateError that names the line and the limit.
+//
 //     auto tmpl = minids::JinjaTemplate::parse(source);
 //     std::string text = tmpl.render({{"messages", msgs}, {"add_generation_prompt", true}});
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -39,6 +53,16 @@ namespace minids {
 struct ChatTemplateError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+// What raise_exception() throws: the template refusing a conversation, not a broken template.
+struct ChatTemplateRaised : ChatTemplateError {
+    using ChatTemplateError::ChatTemplateError;
+};
+
+inline constexpr int jinja_max_depth = 200;
+inline constexpr int jinja_max_value_depth = 64;
+inline constexpr size_t jinja_max_string_bytes = size_t{64} << 20;
+inline constexpr uint64_t jinja_base_work = 2'000'000;
 
 namespace jinja {
 struct Node;

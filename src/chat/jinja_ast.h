@@ -44,6 +44,9 @@ struct Expr {
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
     std::vector<std::string> ops;
     bool negated = false;  // `is not`
+    // Levels of this tree (1 for a leaf). The parser refuses trees deeper than jinja_max_depth,
+    // so evaluating (and destroying) one recurses a bounded number of times.
+    int depth = 1;
 };
 
 struct Node {

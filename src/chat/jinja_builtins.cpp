@@ -3,6 +3,7 @@
 // comparison). Stateless: everything here depends only on its arguments.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <optional>
 
 #include "chat/jinja.h"
@@ -26,7 +27,7 @@ namespace {
 const char* kWhitespace = " \t\n\r\f\v";
 
 std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right) {
-    const std::string set = chars.is_string() ? chars.s : kWhitespace;
+    const std::string set = chars.is_string() ? chars.s() : kWhitespace;
     size_t b = 0, e = s.size();
     if (left) {
         b = s.find_first_not_of(set);
@@ -41,6 +42,7 @@ std::string strip_chars(const std::string& s, const Value& chars, bool left, boo
 }
 
 std::string ascii_map(std::string s, int (*fn)(int)) {
+    charge_bytes(s.size());
     for (char& c : s) c = static_cast<char>(fn(static_cast<unsigned char>(c)));
     return s;
 }
@@ -70,11 +72,11 @@ std::string replace_all(const std::string& s, const std::string& from, const std
     for (int64_t n = 0; count < 0 || n < count; ++n) {
         const size_t hit = s.find(from, pos);
         if (hit == std::string::npos) break;
-        out.append(s, pos, hit - pos);
-        out += to;
+        append_bounded(out, std::string_view(s).substr(pos, hit - pos));
+        append_bounded(out, to);
         pos = hit + from.size();
     }
-    out.append(s, pos, std::string::npos);
+    append_bounded(out, std::string_view(s).substr(pos));
     return out;
 }
 
@@ -95,13 +97,13 @@ Value python_split(const std::string& s, const Value& sep, int64_t maxsplit) {
         }
         return Value::make_list(std::move(parts));
     }
-    if (sep.s.empty()) throw ChatTemplateError("chat template: split() separator is empty");
+    if (sep.s().empty()) throw ChatTemplateError("chat template: split() separator is empty");
     size_t pos = 0;
     while (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit) {
-        const size_t hit = s.find(sep.s, pos);
+        const size_t hit = s.find(sep.s(), pos);
         if (hit == std::string::npos) break;
         parts.push_back(Value::string(s.substr(pos, hit - pos)));
-        pos = hit + sep.s.size();
+        pos = hit + sep.s().size();
     }
     parts.push_back(Value::string(s.substr(pos)));
     return Value::make_list(std::move(parts));
@@ -118,6 +120,7 @@ std::optional<size_t> python_index(int64_t i, size_t size) {
 
 // The code points of a UTF-8 string, each as its own string.
 std::vector<std::string> utf8_chars(const std::string& s) {
+    charge_bytes(s.size());
     std::vector<std::string> out;
     for (size_t i = 0; i < s.size();) {
         size_t n = 1;
@@ -128,11 +131,21 @@ std::vector<std::string> utf8_chars(const std::string& s) {
     return out;
 }
 
+size_t utf8_length(const std::string& s) {
+    charge_bytes(s.size());
+    // As utf8_chars splits: a character starts at the first byte and at every later byte that is
+    // not a continuation byte.
+    size_t n = s.empty() ? 0 : 1;
+    for (size_t i = 1; i < s.size(); ++i) n += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
+    return n;
+}
+
 List iterate(const Value& v, int line) {
     switch (v.kind) {
         case Value::Kind::undefined:
             return {};
         case Value::Kind::list:
+            charge(v.list->size());
             return *v.list;
         case Value::Kind::dict: {
             List keys;
@@ -141,7 +154,7 @@ List iterate(const Value& v, int line) {
         }
         case Value::Kind::string: {
             List chars;
-            for (auto& c : utf8_chars(v.s)) chars.push_back(Value::string(std::move(c)));
+            for (auto& c : utf8_chars(v.s())) chars.push_back(Value::string(std::move(c)));
             return chars;
         }
         default:
@@ -151,24 +164,24 @@ List iterate(const Value& v, int line) {
 
 Value get_attr(const Value& obj, const std::string& name, int line) {
     if (obj.is_undefined())
-        fail(line, in_quotes(obj.s.empty() ? "value" : obj.s) + " is undefined");
+        fail(line, in_quotes(obj.s().empty() ? "value" : obj.s()) + " is undefined");
     if (const Value* v = obj.find(name)) return *v;
     return Value::undefined(name);
 }
 
 Value get_item(const Value& obj, const Value& key, int line) {
     if (obj.is_undefined())
-        fail(line, in_quotes(obj.s.empty() ? "value" : obj.s) + " is undefined");
+        fail(line, in_quotes(obj.s().empty() ? "value" : obj.s()) + " is undefined");
     if (obj.is_dict() && key.is_string()) {
-        if (const Value* v = obj.find(key.s)) return *v;
-        return Value::undefined(key.s);
+        if (const Value* v = obj.find(key.s())) return *v;
+        return Value::undefined(key.s());
     }
     if ((obj.is_list() || obj.is_string()) && key.kind == Value::Kind::integer) {
         if (obj.is_list()) {
             auto idx = python_index(key.i, obj.list->size());
             return idx ? (*obj.list)[*idx] : Value::undefined();
         }
-        const auto chars = utf8_chars(obj.s);
+        const std::vector<std::string> chars = utf8_chars(obj.s());
         auto idx = python_index(key.i, chars.size());
         return idx ? Value::string(chars[*idx]) : Value::undefined();
     }
@@ -177,7 +190,7 @@ Value get_item(const Value& obj, const Value& key, int line) {
 
 Value call_method(const Value& obj, const std::string& name, const CallArgs& a) {
     if (obj.is_string()) {
-        const std::string& s = obj.s;
+        const std::string& s = obj.s();
         if (name == "strip") return Value::string(strip_chars(s, a.get(0, "chars"), true, true));
         if (name == "lstrip") return Value::string(strip_chars(s, a.get(0, "chars"), true, false));
         if (name == "rstrip") return Value::string(strip_chars(s, a.get(0, "chars"), false, true));
@@ -199,13 +212,14 @@ Value call_method(const Value& obj, const std::string& name, const CallArgs& a) 
         }
         if (name == "startswith" || name == "endswith") {
             const Value arg = a.get(0, "prefix");
-            List options = arg.is_list() ? *arg.list : List{arg};
+            const List options = arg.is_list() ? *arg.list : List{arg};
+            charge(options.size());
             for (const auto& o : options) {
                 if (!o.is_string()) fail(a.line, name + "() takes strings");
-                const bool hit = name == "startswith"
-                                     ? s.rfind(o.s, 0) == 0
-                                     : s.size() >= o.s.size() &&
-                                           s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0;
+                const bool hit = name == "startswith" ? s.rfind(o.s(), 0) == 0
+                                                      : s.size() >= o.s().size() &&
+                                                            s.compare(s.size() - o.s().size(),
+                                                                      o.s().size(), o.s()) == 0;
                 if (hit) return Value::boolean(true);
             }
             return Value::boolean(false);
@@ -224,11 +238,11 @@ Value call_method(const Value& obj, const std::string& name, const CallArgs& a) 
         }
         if (name == "get") {
             const Value key = a.get(0, "key");
-            if (const Value* v = key.is_string() ? obj.find(key.s) : nullptr) return *v;
+            if (const Value* v = key.is_string() ? obj.find(key.s()) : nullptr) return *v;
             return a.get(1, "default", Value::none());
         }
     } else if (obj.is_undefined()) {
-        fail(a.line, in_quotes(obj.s.empty() ? "value" : obj.s) + " is undefined");
+        fail(a.line, in_quotes(obj.s().empty() ? "value" : obj.s()) + " is undefined");
     }
     fail(a.line,
          in_quotes(obj.type_name()) + " has no method " + in_quotes(name) + " in this renderer");
@@ -237,13 +251,14 @@ Value call_method(const Value& obj, const std::string& name, const CallArgs& a) 
 bool contains(const Value& container, const Value& item, int line) {
     if (container.is_string()) {
         if (!item.is_string()) fail(line, "'in <string>' requires a string on the left");
-        return container.s.find(item.s) != std::string::npos;
+        charge_bytes(container.s().size());
+        return container.s().find(item.s()) != std::string::npos;
     }
     if (container.is_list()) {
         return std::any_of(container.list->begin(), container.list->end(),
                            [&](const Value& v) { return equals(v, item); });
     }
-    if (container.is_dict()) return item.is_string() && container.find(item.s) != nullptr;
+    if (container.is_dict()) return item.is_string() && container.find(item.s()) != nullptr;
     if (container.is_undefined()) return false;
     fail(line, "argument of type '" + container.type_name() + "' is not a container");
 }
@@ -257,7 +272,8 @@ bool compare(const std::string& op, const Value& a, const Value& b, int line) {
     if (a.is_number() && b.is_number()) {
         cmp = a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
     } else if (a.is_string() && b.is_string()) {
-        cmp = a.s.compare(b.s);
+        charge_bytes(std::min(a.s().size(), b.s().size()));
+        cmp = a.s().compare(b.s());
     } else {
         fail(line, "'" + op + "' is not supported between '" + a.type_name() + "' and '" +
                        b.type_name() + "'");
@@ -284,9 +300,9 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& a) {
     if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
     if (name == "callable") return v.kind == Value::Kind::function;
     if (name == "lower")
-        return v.is_string() && v.s == ascii_map(v.s, [](int c) { return std::tolower(c); });
+        return v.is_string() && v.s() == ascii_map(v.s(), [](int c) { return std::tolower(c); });
     if (name == "upper")
-        return v.is_string() && v.s == ascii_map(v.s, [](int c) { return std::toupper(c); });
+        return v.is_string() && v.s() == ascii_map(v.s(), [](int c) { return std::toupper(c); });
     if (name == "even" || name == "odd") {
         if (v.kind != Value::Kind::integer) return false;
         return (v.i % 2 == 0) == (name == "even");
@@ -294,7 +310,7 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& a) {
     const Value other = a.get(0, "value");
     if (name == "divisibleby")
         return v.kind == Value::Kind::integer && other.kind == Value::Kind::integer &&
-               other.i != 0 && v.i % other.i == 0;
+               other.i != 0 && (other.i == -1 || v.i % other.i == 0);
     if (name == "eq" || name == "equalto" || name == "==") return equals(v, other);
     if (name == "ne" || name == "!=") return !equals(v, other);
     if (name == "lt" || name == "lessthan") return compare("<", v, other, a.line);
@@ -313,7 +329,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
         return use_default ? a.get(0, "default_value", Value::string("")) : v;
     }
     if (name == "length" || name == "count") {
-        if (v.is_string()) return Value::integer(static_cast<int64_t>(utf8_chars(v.s).size()));
+        if (v.is_string()) return Value::integer(static_cast<int64_t>(utf8_length(v.s())));
         if (v.is_list()) return Value::integer(static_cast<int64_t>(v.list->size()));
         if (v.is_dict()) return Value::integer(static_cast<int64_t>(v.dict->size()));
         if (v.is_undefined()) return Value::integer(0);
@@ -336,19 +352,26 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
     }
     if (name == "tojson") {
         const Value indent = a.get(0, "indent", Value::none());
+        if (indent.kind == Value::Kind::integer && (indent.i < -1 || indent.i > 1024))
+            fail(a.line, "tojson indent " + std::to_string(indent.i) + " is outside [0, 1024]");
         return Value::string(
             to_json(v, indent.kind == Value::Kind::integer ? static_cast<int>(indent.i) : -1,
                     a.get(1, "sort_keys", Value::boolean(false)).truthy()));
     }
     if (name == "int") {
         if (v.kind == Value::Kind::integer) return v;
-        if (v.kind == Value::Kind::floating) return Value::integer(static_cast<int64_t>(v.f));
+        if (v.kind == Value::Kind::floating) {
+            // int64 holds what a float truncates to only inside (-2^63, 2^63).
+            if (!(std::fabs(v.f) < 9.2e18))
+                fail(a.line, "int() of " + to_str(v) + " does not fit in 64 bits");
+            return Value::integer(static_cast<int64_t>(v.f));
+        }
         if (v.kind == Value::Kind::boolean) return Value::integer(v.b);
         if (v.is_string()) {
             try {
                 size_t used = 0;
                 const long long n =
-                    std::stoll(strip_chars(v.s, Value::undefined(), true, true), &used);
+                    std::stoll(strip_chars(v.s(), Value::undefined(), true, true), &used);
                 return Value::integer(n);
             } catch (const std::exception&) {
             }
@@ -359,7 +382,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
         if (v.is_number()) return Value::floating(v.as_double());
         if (v.is_string()) {
             try {
-                return Value::floating(std::stod(v.s));
+                return Value::floating(std::stod(v.s()));
             } catch (const std::exception&) {
             }
         }
@@ -376,18 +399,20 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
         std::reverse(items.begin(), items.end());
         if (!v.is_string()) return Value::make_list(std::move(items));
         std::string s;
-        for (const auto& c : items) s += c.s;
+        for (const auto& c : items) s += c.s();
         return Value::string(std::move(s));
     }
     if (name == "join") {
         const Value attribute = a.get(1, "attribute");
         std::string out;
         bool first = true;
+        const std::string separator = to_str(a.get(0, "d", Value::string("")));
         for (const auto& item : iterate(v, a.line)) {
-            if (!first) out += to_str(a.get(0, "d", Value::string("")));
+            if (!first) append_bounded(out, separator);
             first = false;
-            out +=
-                to_str(attribute.is_undefined() ? item : get_attr(item, to_str(attribute), a.line));
+            append_bounded(
+                out, to_str(attribute.is_undefined() ? item
+                                                     : get_attr(item, to_str(attribute), a.line)));
         }
         return Value::string(std::move(out));
     }
@@ -399,6 +424,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
         const Value attribute = a.keyword_or("attribute");
         List out;
         for (const auto& item : iterate(v, a.line)) {
+            charge(1);
             if (!attribute.is_undefined()) {
                 const Value got = get_attr(item, to_str(attribute), a.line);
                 out.push_back(got.is_undefined() ? a.keyword_or("default") : got);
@@ -419,6 +445,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
         const size_t test_pos = by_attr ? 1 : 0;
         List out;
         for (const auto& item : iterate(v, a.line)) {
+            charge(1);
             const Value subject =
                 by_attr ? get_attr(item, to_str(a.get(0, "attribute")), a.line) : item;
             bool pass;

@@ -39,6 +39,8 @@ std::string in_quotes(std::string_view text);
 
 // The code points of a UTF-8 string, each as its own string.
 std::vector<std::string> utf8_chars(const std::string& s);
+// How many code points utf8_chars would return.
+size_t utf8_length(const std::string& s);
 // What a for loop walks: list items, dict keys, string characters; Undefined is empty.
 List iterate(const Value& v, int line);
 // obj.name (a dict key; Undefined when missing; an error on Undefined itself).

@@ -18,14 +18,38 @@ namespace {
 
 enum class Flow { normal, loop_break, loop_continue };
 
+// range() builds its list; longer ones are refused before the work budget would be.
+constexpr size_t kMaxRange = 1000000;
+
+// Python's int arithmetic, within int64: what Python would compute, or an error where the
+// result needs a bigger integer.
+void check_overflow(bool overflow, int line) {
+    if (overflow) fail(line, "integer overflow (the result does not fit in 64 bits)");
+}
+int64_t checked_add(int64_t a, int64_t b, int line) {
+    int64_t r = 0;
+    check_overflow(__builtin_add_overflow(a, b, &r), line);
+    return r;
+}
+int64_t checked_sub(int64_t a, int64_t b, int line) {
+    int64_t r = 0;
+    check_overflow(__builtin_sub_overflow(a, b, &r), line);
+    return r;
+}
+int64_t checked_mul(int64_t a, int64_t b, int line) {
+    int64_t r = 0;
+    check_overflow(__builtin_mul_overflow(a, b, &r), line);
+    return r;
+}
+
 class Renderer {
 public:
     explicit Renderer(const nlohmann::ordered_json& context) {
         scopes_.emplace_back();
         auto& globals = scopes_.back();
         globals["raise_exception"] = Value::function([](CallArgs& a) -> Value {
-            throw ChatTemplateError("chat template raised an exception: " +
-                                    to_str(a.get(0, "message")));
+            throw ChatTemplateRaised("chat template raised an exception: " +
+                                     to_str(a.get(0, "message")));
         });
         globals["namespace"] = Value::function([](CallArgs& a) {
             Dict d;
@@ -38,8 +62,9 @@ public:
         globals["range"] = Value::function([](CallArgs& a) {
             int64_t start = 0, stop = 0, step = 1;
             auto num = [&](size_t k) {
-                if (!a.positional[k].is_number()) fail(a.line, "range() takes integers");
-                return static_cast<int64_t>(a.positional[k].as_double());
+                if (a.positional[k].kind != Value::Kind::integer)
+                    fail(a.line, "range() takes integers");
+                return a.positional[k].i;
             };
             if (a.positional.size() == 1) {
                 stop = num(0);
@@ -50,9 +75,11 @@ public:
             }
             if (step == 0) fail(a.line, "range() step is zero");
             List l;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-                if (l.size() > 1000000) fail(a.line, "range() is too long");
+            for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+                if (l.size() >= kMaxRange)
+                    fail(a.line, "range() is longer than " + std::to_string(kMaxRange));
                 l.push_back(Value::integer(i));
+                if (__builtin_add_overflow(i, step, &i)) break;
             }
             return Value::make_list(std::move(l));
         });
@@ -63,6 +90,7 @@ public:
     }
 
     Flow render(const Node& n, std::string& out) {
+        step(n.line);
         switch (n.kind) {
             case Node::Kind::block:
                 for (const Node& c : n.children) {
@@ -71,10 +99,10 @@ public:
                 }
                 return Flow::normal;
             case Node::Kind::text:
-                out += n.text;
+                append_bounded(out, n.text);
                 return Flow::normal;
             case Node::Kind::output:
-                out += to_str(eval(*n.expr));
+                append_bounded(out, to_str(eval(*n.expr)));
                 return Flow::normal;
             case Node::Kind::if_chain:
                 for (size_t k = 0; k < n.conditions.size(); ++k) {
@@ -105,6 +133,14 @@ public:
     }
 
 private:
+    // One step of the work budget; the line is what the budget's message names.
+    void step(int line) {
+        if (budget_) {
+            budget_->at_line(line);
+            budget_->spend(1);
+        }
+    }
+
     Value lookup(const std::string& name) const {
         for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
             auto f = it->find(name);
@@ -120,6 +156,10 @@ private:
                 fail(n.line, "cannot set an attribute of '" + n.targets[0] +
                                  "', which is not a namespace()");
             }
+            if (v.is_namespace) fail(n.line, "a namespace() cannot be put in a namespace");
+            if (v.depth + 1 > jinja_max_value_depth)
+                fail(n.line, "lists and dicts nested deeper than " +
+                                 std::to_string(jinja_max_value_depth) + " levels");
             for (auto& [k, existing] : *target.dict) {
                 if (k == n.attr) {
                     existing = v;
@@ -178,6 +218,7 @@ private:
     }
 
     Value eval(const Expr& e) {
+        step(e.line);
         switch (e.kind) {
             case Expr::Kind::literal:
                 return e.literal;
@@ -195,7 +236,7 @@ private:
                 for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
                     const Value key = eval(*e.args[k]);
                     if (!key.is_string()) fail(e.line, "dict keys must be strings");
-                    d.emplace_back(key.s, eval(*e.args[k + 1]));
+                    d.emplace_back(key.s(), eval(*e.args[k + 1]));
                 }
                 return Value::make_dict(std::move(d));
             }
@@ -217,7 +258,10 @@ private:
             }
             case Expr::Kind::neg: {
                 const Value v = eval(*e.args[0]);
-                if (v.kind == Value::Kind::integer) return Value::integer(-v.i);
+                if (v.kind == Value::Kind::integer) {
+                    check_overflow(v.i == INT64_MIN, e.line);
+                    return Value::integer(-v.i);
+                }
                 if (v.kind == Value::Kind::floating) return Value::floating(-v.f);
                 fail(e.line, "bad operand type for unary -: " + v.type_name());
             }
@@ -261,9 +305,10 @@ private:
         const Value obj = eval(*e.args[0]);
         List items;
         if (obj.is_list()) {
+            charge(obj.list->size());
             items = *obj.list;
         } else if (obj.is_string()) {
-            for (auto& c : utf8_chars(obj.s)) items.push_back(Value::string(std::move(c)));
+            for (auto& c : utf8_chars(obj.s())) items.push_back(Value::string(std::move(c)));
         } else {
             fail(e.line, "cannot slice " + obj.type_name());
         }
@@ -285,10 +330,13 @@ private:
         const int64_t start = e.args[1] ? clamp(part(1, 0)) : (step > 0 ? 0 : n - 1);
         const int64_t stop = e.args[2] ? clamp(part(2, 0)) : (step > 0 ? n : -1);
         List out;
-        for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(items[k]);
+        for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+            out.push_back(items[size_t(k)]);
+            if (__builtin_add_overflow(k, step, &k)) break;
+        }
         if (!obj.is_string()) return Value::make_list(std::move(out));
         std::string s;
-        for (const auto& c : out) s += c.s;
+        for (const auto& c : out) s += c.s();
         return Value::string(std::move(s));
     }
 
@@ -313,13 +361,21 @@ private:
     }
 
     Value binary(const std::string& op, const Value& a, const Value& b, int line) const {
-        if (op == "~") return Value::string(to_str(a) + to_str(b));
+        if (op == "~") {
+            std::string s = to_str(a);
+            append_bounded(s, to_str(b));
+            return Value::string(std::move(s));
+        }
         if (a.is_undefined() || b.is_undefined()) {
             const Value& u = a.is_undefined() ? a : b;
-            fail(line, in_quotes(u.s.empty() ? "value" : u.s) + " is undefined");
+            fail(line, in_quotes(u.s().empty() ? "value" : u.s()) + " is undefined");
         }
         if (op == "+") {
-            if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+            if (a.is_string() && b.is_string()) {
+                std::string s = a.s();
+                append_bounded(s, b.s());
+                return Value::string(std::move(s));
+            }
             if (a.is_list() && b.is_list()) {
                 List l = *a.list;
                 l.insert(l.end(), b.list->begin(), b.list->end());
@@ -328,10 +384,10 @@ private:
         }
         if (op == "*" && ((a.is_string() && b.kind == Value::Kind::integer) ||
                           (b.is_string() && a.kind == Value::Kind::integer))) {
-            const std::string& s = a.is_string() ? a.s : b.s;
+            const std::string& s = a.is_string() ? a.s() : b.s();
             const int64_t n = a.is_string() ? b.i : a.i;
             std::string out;
-            for (int64_t k = 0; k < n && out.size() < (size_t{1} << 26); ++k) out += s;
+            for (int64_t k = 0; k < n; ++k) append_bounded(out, s);
             return Value::string(std::move(out));
         }
         if (!a.is_number() || !b.is_number()) {
@@ -340,26 +396,45 @@ private:
         }
         const bool ints = a.kind == Value::Kind::integer && b.kind == Value::Kind::integer;
         const double x = a.as_double(), y = b.as_double();
-        if (op == "+") return ints ? Value::integer(a.i + b.i) : Value::floating(x + y);
-        if (op == "-") return ints ? Value::integer(a.i - b.i) : Value::floating(x - y);
-        if (op == "*") return ints ? Value::integer(a.i * b.i) : Value::floating(x * y);
-        if (op == "**")
-            return ints && b.i >= 0 ? Value::integer(static_cast<int64_t>(std::pow(x, y)))
-                                    : Value::floating(std::pow(x, y));
+        if (op == "+")
+            return ints ? Value::integer(checked_add(a.i, b.i, line)) : Value::floating(x + y);
+        if (op == "-")
+            return ints ? Value::integer(checked_sub(a.i, b.i, line)) : Value::floating(x - y);
+        if (op == "*")
+            return ints ? Value::integer(checked_mul(a.i, b.i, line)) : Value::floating(x * y);
+        if (op == "**") {
+            if (!ints || b.i < 0) return Value::floating(std::pow(x, y));
+            int64_t result = 1, base = a.i;
+            for (int64_t e = b.i; e > 0; e >>= 1) {  // by squaring: at most 63 rounds
+                if (e & 1) result = checked_mul(result, base, line);
+                if (e > 1) base = checked_mul(base, base, line);
+            }
+            return Value::integer(result);
+        }
         if (y == 0) fail(line, "division by zero");
         if (op == "/") return Value::floating(x / y);
-        if (op == "//")
-            return ints ? Value::integer(static_cast<int64_t>(std::floor(x / y)))
-                        : Value::floating(std::floor(x / y));
+        if (op == "//") {
+            if (!ints) return Value::floating(std::floor(x / y));
+            // Python floors; C++ truncates toward zero.
+            check_overflow(a.i == INT64_MIN && b.i == -1, line);
+            const int64_t q = a.i / b.i;
+            return Value::integer(q - ((a.i % b.i != 0) && ((a.i < 0) != (b.i < 0))));
+        }
         if (op == "%") {
-            if (ints) return Value::integer(((a.i % b.i) + b.i) % b.i);
-            return Value::floating(x - y * std::floor(x / y));
+            if (!ints) return Value::floating(x - y * std::floor(x / y));
+            if (b.i == -1) return Value::integer(0);
+            const int64_t m = a.i % b.i;  // Python's result takes the sign of the divisor
+            return Value::integer(m != 0 && ((m < 0) != (b.i < 0)) ? m + b.i : m);
         }
         fail(line, "unknown operator " + op);
     }
 
     std::vector<std::unordered_map<std::string, Value>> scopes_;
     int loop_depth_ = 0;
+    RenderBudget* budget_ = nullptr;
+
+public:
+    void set_budget(RenderBudget* budget) { budget_ = budget; }
 };
 
 }  // namespace
@@ -380,7 +455,13 @@ JinjaTemplate JinjaTemplate::parse(std::string_view source) {
 }
 
 std::string JinjaTemplate::render(const nlohmann::ordered_json& context) const {
+    // Converting the context is charged too, without a limit: what it costs sets the budget of
+    // the render, so a long conversation gets proportionally more work.
+    constexpr uint64_t unlimited = UINT64_MAX / 32;
+    jinja::RenderBudget budget(unlimited);
     jinja::Renderer renderer(context);
+    budget.set_limit(jinja_base_work + 16 * (unlimited - budget.left()));
+    renderer.set_budget(&budget);
     std::string out;
     renderer.render(*root_, out);
     return out;

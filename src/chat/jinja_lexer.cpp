@@ -1,5 +1,6 @@
 #include "chat/jinja_lexer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -85,10 +86,16 @@ private:
         return src_.size();
     }
 
-    int line_at(size_t pos) const {
-        int line = 1;
-        for (size_t i = 0; i < pos && i < src_.size(); ++i) line += src_[i] == '\n';
-        return line;
+    // Lines are counted from the last position asked about (positions mostly increase), so a long
+    // template lexes in linear time.
+    int line_at(size_t pos) {
+        pos = std::min(pos, src_.size());
+        if (pos < counted_pos_) {
+            counted_pos_ = 0;
+            counted_line_ = 1;
+        }
+        for (; counted_pos_ < pos; ++counted_pos_) counted_line_ += src_[counted_pos_] == '\n';
+        return counted_line_;
     }
 
     void push_text(std::string text, size_t at) {
@@ -223,6 +230,8 @@ private:
 
     std::string_view src_;
     std::vector<Token> tokens_;
+    size_t counted_pos_ = 0;
+    int counted_line_ = 1;
 };
 
 }  // namespace

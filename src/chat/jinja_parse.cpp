@@ -119,7 +119,7 @@ private:
         DepthGuard(const DepthGuard&) = delete;
         DepthGuard& operator=(const DepthGuard&) = delete;
     };
-    static constexpr int kMaxDepth = 200;
+    static constexpr int kMaxDepth = jinja_max_depth;
 
     Node parse_statement() {
         const DepthGuard guard(depth_, cur().line);
@@ -218,6 +218,21 @@ private:
         return e;
     }
 
+    // A node whose operands are all attached: its depth, refused past the limit. Chains the parser
+    // builds in a loop (a + b + c ..., a.b.c ..., x | f | g ...) grow a tree without recursing, so
+    // the parser's own recursion guard does not see them.
+    ExprPtr finish(ExprPtr e) {
+        int below = 0;
+        for (const auto& a : e->args)
+            if (a) below = std::max(below, a->depth);
+        for (const auto& [name, a] : e->kwargs) below = std::max(below, a->depth);
+        e->depth = below + 1;
+        if (e->depth > kMaxDepth)
+            syntax_error(e->line,
+                         "expression nested deeper than " + std::to_string(kMaxDepth) + " levels");
+        return e;
+    }
+
     // `a, b` without brackets (e.g. in set) is a tuple.
     ExprPtr parse_tuple_or_expression() {
         ExprPtr first = parse_expression();
@@ -228,7 +243,7 @@ private:
             ++i_;
             tuple->args.push_back(parse_expression());
         }
-        return tuple;
+        return finish(std::move(tuple));
     }
 
     ExprPtr parse_expression() {
@@ -245,7 +260,7 @@ private:
             } else {
                 c->args.push_back(nullptr);
             }
-            return c;
+            return finish(std::move(c));
         }
         return e;
     }
@@ -257,7 +272,7 @@ private:
             ++i_;
             e->args.push_back(std::move(left));
             e->args.push_back(parse_and());
-            left = std::move(e);
+            left = finish(std::move(e));
         }
         return left;
     }
@@ -269,17 +284,18 @@ private:
             ++i_;
             e->args.push_back(std::move(left));
             e->args.push_back(parse_not());
-            left = std::move(e);
+            left = finish(std::move(e));
         }
         return left;
     }
 
     ExprPtr parse_not() {
         if (at_name("not")) {
+            const DepthGuard guard(depth_, cur().line);
             auto e = make(Expr::Kind::logical_not, cur().line);
             ++i_;
             e->args.push_back(parse_not());
-            return e;
+            return finish(std::move(e));
         }
         return parse_compare();
     }
@@ -309,7 +325,7 @@ private:
             cmp->ops.push_back(op);
             cmp->args.push_back(parse_math1());
         }
-        return cmp ? std::move(cmp) : std::move(first);
+        return cmp ? finish(std::move(cmp)) : std::move(first);
     }
 
     ExprPtr binary(const std::string& op, ExprPtr left, ExprPtr right) {
@@ -317,7 +333,7 @@ private:
         e->name = op;
         e->args.push_back(std::move(left));
         e->args.push_back(std::move(right));
-        return e;
+        return finish(std::move(e));
     }
 
     ExprPtr parse_math1() {
@@ -367,6 +383,7 @@ private:
             if (neg) {
                 e = make(Expr::Kind::neg, line);
                 e->args.push_back(std::move(operand));
+                e = finish(std::move(e));
             } else {
                 e = std::move(operand);
             }
@@ -433,7 +450,7 @@ private:
                             if (at_op(")")) break;
                             tuple->args.push_back(parse_expression());
                         }
-                        inner = std::move(tuple);
+                        inner = finish(std::move(tuple));
                     }
                     expect_op(")");
                     return inner;
@@ -447,7 +464,7 @@ private:
                         ++i_;
                     }
                     expect_op("]");
-                    return list;
+                    return finish(std::move(list));
                 }
                 if (tok.text == "{") {
                     ++i_;
@@ -460,7 +477,7 @@ private:
                         ++i_;
                     }
                     expect_op("}");
-                    return dict;
+                    return finish(std::move(dict));
                 }
                 break;
             default:
@@ -495,7 +512,7 @@ private:
                 auto g = make(Expr::Kind::getattr, e->line);
                 g->name = cur().kind == Token::Kind::integer ? t_[i_++].text : expect_name();
                 g->args.push_back(std::move(e));
-                e = std::move(g);
+                e = finish(std::move(g));
             } else if (at_op("[")) {
                 ++i_;
                 ExprPtr parts[3];
@@ -511,12 +528,12 @@ private:
                 if (!is_slice && !parts[0]) syntax_error(e->line, "empty subscript");
                 s->args.push_back(std::move(e));
                 for (int k = 0; k < (is_slice ? 3 : 1); ++k) s->args.push_back(std::move(parts[k]));
-                e = std::move(s);
+                e = finish(std::move(s));
             } else if (at_op("(")) {
                 auto c = make(Expr::Kind::call, e->line);
                 c->args.push_back(std::move(e));
                 parse_call_args(*c);
-                e = std::move(c);
+                e = finish(std::move(c));
             } else {
                 return e;
             }
@@ -531,7 +548,7 @@ private:
                 f->name = expect_name();
                 f->args.push_back(std::move(e));
                 if (at_op("(")) parse_call_args(*f);
-                e = std::move(f);
+                e = finish(std::move(f));
             } else if (at_name("is")) {
                 ++i_;
                 auto t = make(Expr::Kind::test, e->line);
@@ -555,12 +572,12 @@ private:
                            cur().kind == Token::Kind::floating || at_op("[") || at_op("{")) {
                     t->args.push_back(parse_postfix(parse_primary()));
                 }
-                e = std::move(t);
+                e = finish(std::move(t));
             } else if (at_op("(")) {
                 auto c = make(Expr::Kind::call, e->line);
                 c->args.push_back(std::move(e));
                 parse_call_args(*c);
-                e = std::move(c);
+                e = finish(std::move(c));
             } else {
                 return e;
             }

@@ -11,7 +11,7 @@ namespace minids::jinja {
 
 Value Value::undefined(std::string name) {
     Value v;
-    v.s = std::move(name);
+    if (!name.empty()) v.text = std::make_shared<const std::string>(std::move(name));
     return v;
 }
 Value Value::none() {
@@ -38,14 +38,43 @@ Value Value::floating(double f) {
     return v;
 }
 Value Value::string(std::string s) {
+    if (s.size() > jinja_max_string_bytes)
+        throw ChatTemplateError("chat template: a string of " + std::to_string(s.size()) +
+                                " bytes is longer than the limit of " +
+                                std::to_string(jinja_max_string_bytes));
+    charge_bytes(s.size());
     Value v;
     v.kind = Kind::string;
-    v.s = std::move(s);
+    v.text = std::make_shared<const std::string>(std::move(s));
     return v;
 }
+
+namespace {
+
+// Depth of a container holding `items`; refuses namespaces inside it and nesting past the limit.
+template <class Items, class Get>
+int container_depth(const Items& items, Get value_of) {
+    charge(items.size() + 1);
+    int depth = 0;
+    for (const auto& item : items) {
+        const Value& v = value_of(item);
+        if (v.is_namespace)
+            throw ChatTemplateError(
+                "chat template: a namespace() cannot be put in a list, dict or namespace");
+        depth = std::max(depth, v.depth);
+    }
+    if (depth + 1 > jinja_max_value_depth)
+        throw ChatTemplateError("chat template: lists and dicts nested deeper than " +
+                                std::to_string(jinja_max_value_depth) + " levels");
+    return depth + 1;
+}
+
+}  // namespace
+
 Value Value::make_list(List l) {
     Value v;
     v.kind = Kind::list;
+    v.depth = container_depth(l, [](const Value& x) -> const Value& { return x; });
     v.list = std::make_shared<List>(std::move(l));
     return v;
 }
@@ -57,9 +86,15 @@ Value Value::make_tuple(List l) {
 Value Value::make_dict(Dict d) {
     Value v;
     v.kind = Kind::dict;
+    v.depth = container_depth(d, [](const auto& kv) -> const Value& { return kv.second; });
     v.dict = std::make_shared<Dict>(std::move(d));
     return v;
 }
+const std::string& Value::s() const {
+    static const std::string empty;
+    return text ? *text : empty;
+}
+
 Value Value::function(Function f) {
     Value v;
     v.kind = Kind::function;
@@ -67,33 +102,79 @@ Value Value::function(Function f) {
     return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+    if (depth > jinja_max_value_depth)
+        throw ChatTemplateError("chat template: the context nests deeper than " +
+                                std::to_string(jinja_max_value_depth) + " levels");
     switch (j.type()) {
         case nlohmann::ordered_json::value_t::null:
-            return none();
+            return Value::none();
         case nlohmann::ordered_json::value_t::boolean:
-            return boolean(j.get<bool>());
+            return Value::boolean(j.get<bool>());
         case nlohmann::ordered_json::value_t::number_integer:
-            return integer(j.get<int64_t>());
+            return Value::integer(j.get<int64_t>());
         case nlohmann::ordered_json::value_t::number_unsigned:
-            return integer(static_cast<int64_t>(j.get<uint64_t>()));
+            return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
         case nlohmann::ordered_json::value_t::number_float:
-            return floating(j.get<double>());
+            return Value::floating(j.get<double>());
         case nlohmann::ordered_json::value_t::string:
-            return string(j.get<std::string>());
+            return Value::string(j.get<std::string>());
         case nlohmann::ordered_json::value_t::array: {
             List l;
-            for (const auto& e : j) l.push_back(from_json(e));
-            return make_list(std::move(l));
+            for (const auto& e : j) l.push_back(from_json_at(e, depth + 1));
+            return Value::make_list(std::move(l));
         }
         case nlohmann::ordered_json::value_t::object: {
             Dict d;
-            for (const auto& [k, e] : j.items()) d.emplace_back(k, from_json(e));
-            return make_dict(std::move(d));
+            for (const auto& [k, e] : j.items()) d.emplace_back(k, from_json_at(e, depth + 1));
+            return Value::make_dict(std::move(d));
         }
         default:
             throw ChatTemplateError("chat template: unsupported JSON value in the context");
     }
+}
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
+
+// ---- the work budget ----
+
+namespace {
+// The budget of the render running on this thread (RenderBudget's constructor installs it).
+thread_local RenderBudget* current_budget = nullptr;
+}  // namespace
+
+RenderBudget::RenderBudget(uint64_t units) : left_(units), limit_(units), outer_(current_budget) {
+    current_budget = this;
+}
+
+RenderBudget::~RenderBudget() { current_budget = outer_; }
+
+void RenderBudget::spend(uint64_t units) {
+    if (units > left_)
+        throw ChatTemplateError("chat template line " + std::to_string(line_) +
+                                ": rendering needs more than its work limit of " +
+                                std::to_string(limit_) +
+                                " steps (a loop that runs too long, or values that grow too "
+                                "large)");
+    left_ -= units;
+}
+
+void charge(uint64_t units) {
+    if (current_budget) current_budget->spend(units);
+}
+
+void charge_bytes(size_t n) { charge(n / 64 + 1); }
+
+void append_bounded(std::string& out, std::string_view piece) {
+    if (piece.size() > jinja_max_string_bytes - std::min(out.size(), jinja_max_string_bytes))
+        throw ChatTemplateError("chat template: the text grows past the limit of " +
+                                std::to_string(jinja_max_string_bytes) + " bytes");
+    charge_bytes(piece.size());
+    out.append(piece);
 }
 
 bool Value::truthy() const {
@@ -108,7 +189,7 @@ bool Value::truthy() const {
         case Kind::floating:
             return f != 0;
         case Kind::string:
-            return !s.empty();
+            return !s().empty();
         case Kind::list:
             return !list->empty();
         case Kind::dict:
@@ -233,10 +314,12 @@ void json_string(const std::string& s, std::string& out) {
 }
 
 void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::string& out) {
+    charge(1);
+    if (out.size() > jinja_max_string_bytes) append_bounded(out, "");  // refuses
     auto newline = [&](int d) {
         if (indent < 0) return;
         out += '\n';
-        out.append(static_cast<size_t>(indent * d), ' ');
+        append_bounded(out, std::string(static_cast<size_t>(indent) * size_t(d), ' '));
     };
     // json.dumps' default separators: ", " and ": " without indent, "," and ": " with it.
     const char* item_sep = indent < 0 ? ", " : ",";
@@ -257,7 +340,8 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
                                      : float_repr(v.f);
             break;
         case Value::Kind::string:
-            json_string(v.s, out);
+            charge_bytes(v.s().size());
+            json_string(v.s(), out);
             break;
         case Value::Kind::list:
             if (v.list->empty()) {
@@ -304,14 +388,16 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
 }  // namespace
 
 std::string to_repr(const Value& v) {
+    charge(1);
     switch (v.kind) {
         case Value::Kind::string:
-            return string_repr(v.s);
+            charge_bytes(v.s().size());
+            return string_repr(v.s());
         case Value::Kind::list: {
             std::string out = v.is_tuple ? "(" : "[";
             for (size_t k = 0; k < v.list->size(); ++k) {
                 if (k) out += ", ";
-                out += to_repr((*v.list)[k]);
+                append_bounded(out, to_repr((*v.list)[k]));
             }
             if (v.is_tuple && v.list->size() == 1) out += ",";
             return out + (v.is_tuple ? ")" : "]");
@@ -320,7 +406,8 @@ std::string to_repr(const Value& v) {
             std::string out = v.is_namespace ? "<Namespace {" : "{";
             for (size_t k = 0; k < v.dict->size(); ++k) {
                 if (k) out += ", ";
-                out += string_repr((*v.dict)[k].first) + ": " + to_repr((*v.dict)[k].second);
+                append_bounded(
+                    out, string_repr((*v.dict)[k].first) + ": " + to_repr((*v.dict)[k].second));
             }
             return out + (v.is_namespace ? "}>" : "}");
         }
@@ -342,7 +429,7 @@ std::string to_str(const Value& v) {
         case Value::Kind::floating:
             return float_repr(v.f);
         case Value::Kind::string:
-            return v.s;
+            return v.s();
         case Value::Kind::function:
             return "<function>";
         default:
@@ -357,6 +444,7 @@ std::string to_json(const Value& v, int indent, bool sort_keys) {
 }
 
 bool equals(const Value& a, const Value& b) {
+    charge(1);
     if (a.is_number() && b.is_number()) {
         if (a.kind == Value::Kind::integer && b.kind == Value::Kind::integer) return a.i == b.i;
         return a.as_double() == b.as_double();
@@ -372,7 +460,8 @@ bool equals(const Value& a, const Value& b) {
         case Value::Kind::boolean:
             return a.b == b.b;
         case Value::Kind::string:
-            return a.s == b.s;
+            charge_bytes(std::min(a.s().size(), b.s().size()));
+            return a.s() == b.s();
         case Value::Kind::list:
             return a.list->size() == b.list->size() &&
                    std::equal(a.list->begin(), a.list->end(), b.list->begin(), equals);

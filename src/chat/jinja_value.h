@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,12 +26,15 @@ struct Value {
     bool b = false;
     int64_t i = 0;
     double f = 0;
-    std::string s;               // string; for undefined, the name that was missing
+    // string; for undefined, the name that was missing. Shared and immutable, so copying a
+    // Value never copies text (copies are everywhere and not charged to the work budget).
+    std::shared_ptr<const std::string> text;
     std::shared_ptr<List> list;  // shared: values are references, as in Python
     std::shared_ptr<Dict> dict;
     std::shared_ptr<Function> fn;
     bool is_namespace = false;  // a dict created by namespace(): `set ns.x = ...` allowed
     bool is_tuple = false;      // a list that prints as a Python tuple: (1, 2)
+    int depth = 0;              // list/dict nesting below this value (0 for scalars)
 
     static Value undefined(std::string name = {});
     static Value none();
@@ -45,6 +49,7 @@ struct Value {
     // JSON objects keep their key order (ordered_json), as Python dicts do.
     static Value from_json(const nlohmann::ordered_json& j);
 
+    const std::string& s() const;
     bool is_undefined() const { return kind == Kind::undefined; }
     bool is_none() const { return kind == Kind::none; }
     bool is_string() const { return kind == Kind::string; }
@@ -58,6 +63,39 @@ struct Value {
     const Value* find(std::string_view key) const;
     std::string type_name() const;
 };
+
+// ---- limits of one render (jinja.h, "Limits") ----
+
+// The work budget of the render running on this thread: every step of the interpreter and every
+// element or 64 bytes a built-in produces or walks is charged, so no template runs unbounded.
+// The built-ins are free functions shared with the interpreter; they reach the budget of the
+// render in progress through this thread's RenderBudget (none outside a render: nothing charged).
+class RenderBudget {
+public:
+    explicit RenderBudget(uint64_t units);
+    ~RenderBudget();
+    RenderBudget(const RenderBudget&) = delete;
+    RenderBudget& operator=(const RenderBudget&) = delete;
+
+    void set_limit(uint64_t units) { left_ = limit_ = units; }
+    uint64_t left() const { return left_; }
+    // The template line being evaluated, for the message when the budget runs out.
+    void at_line(int line) { line_ = line; }
+    void spend(uint64_t units);
+
+private:
+    uint64_t left_;
+    uint64_t limit_;
+    int line_ = 0;
+    RenderBudget* outer_;
+};
+
+// Charges the current render (if any) `units` of work.
+void charge(uint64_t units);
+// Charges for `n` bytes of string data (one unit per 64 bytes, at least one).
+void charge_bytes(size_t n);
+// Appends `piece` to a string being built, refusing strings beyond max_string_bytes.
+void append_bounded(std::string& out, std::string_view piece);
 
 // Python's str(v) (what {{ v }} prints; Undefined prints as "").
 std::string to_str(const Value& v);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_check.h"
 #include "mds/manifest.h"
 #include "mds/reader.h"
 
@@ -177,6 +178,14 @@ int run_info(const InfoOptions& o) {
     auto start = std::chrono::steady_clock::now();
     auto result =
         m->verify(o.threads, tty ? draw_progress : std::function<void(uint64_t, uint64_t)>{});
+    // Everything run and chat would refuse: the weights bind, the tokenizer builds, the chat
+    // template renders.
+    try {
+        open_checked_model(o.model);
+    } catch (const mds::FileError& e) {
+        result.problems.push_back(e.what());
+        result.ok = false;
+    }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (tty) std::fprintf(stderr, "\n");
     for (const auto& p : result.problems) std::fprintf(stderr, "minids info: %s\n", p.c_str());
@@ -210,7 +219,8 @@ void add_info_command(CLI::App& app, int& exit_code) {
                                    "provenance; --verify checks every byte");
     cmd->add_option("model", opts->model, "The .mds file")->required();
     cmd->add_flag("--verify", opts->verify,
-                  "Check every checksum and that all padding is zero (reads the whole file)");
+                  "Check every checksum and that all padding is zero (reads the whole file), and "
+                  "everything loading the model checks (weights, tokenizer, chat template)");
     cmd->add_flag("--json", opts->json, "Print JSON instead of text");
     cmd->add_option("--threads", opts->threads, "Threads for --verify (0 = all cores)")
         ->check(CLI::NonNegativeNumber);

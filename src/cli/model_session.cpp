@@ -7,6 +7,7 @@
 
 #include "chat/jinja.h"
 #include "cli/commands.h"
+#include "cli/model_check.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer_data.h"
 
@@ -96,9 +97,10 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     std::fprintf(stderr, "minids %s: loading %s ...\n", command, path.c_str());
     const auto t0 = std::chrono::steady_clock::now();
     LoadedModel m;
-    m.file = mds::MdsFile::open(path);
-    m.model = std::make_unique<Deepseek2Model>(*m.file);
-    m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
+    CheckedModel checked = open_checked_model(path);
+    m.file = std::move(checked.file);
+    m.model = std::move(checked.model);
+    m.tokenizer = std::move(checked.tokenizer);
     m.backend = mgl::make_cpu_backend(flags.n_threads);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -140,7 +142,7 @@ int run_guarded(const char* command, const std::function<int()>& body) {
         std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
         return exit_bad_input;
     } catch (const ChatTemplateError& e) {  // the template refused the conversation
-        std::fprintf(stderr, "minids %s: error: chat template: %s\n", command, e.what());
+        std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
         return exit_bad_input;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "minids %s: internal error: %s\n", command, e.what());

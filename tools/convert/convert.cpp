@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "convert/jobs.h"
 #include "convert/quantize.h"
 #include "convert/safetensors.h"
@@ -56,6 +57,18 @@ json read_tokenizer(const fs::path& dir, const ModelConfig& config) {
             throw InputError(
                 tok_path.string() + ": token ids: expected all below config.json's vocab_size " +
                 std::to_string(config.vocab_size) + ", found id " + std::to_string(max_id));
+        // The template is checked as loading the model will check it, so no model is written
+        // that run and chat would then refuse.
+        if (!data.chat_template.empty()) {
+            auto text = [&](std::optional<int32_t> id) {
+                return id ? data.vocab[size_t(*id)] : std::string();
+            };
+            try {
+                check_chat_template(data.chat_template, text(data.bos_id), text(data.eos_id));
+            } catch (const ChatTemplateError& e) {
+                throw InputError(cfg_path.string() + ": chat_template: " + e.what());
+            }
+        }
         return tokenizer_data_to_json(data);
     } catch (const TokenizerError& e) {
         throw InputError(tok_path.string() + ": " + e.what());
