@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "util/output_file.h"
 
 int main(int argc, char** argv) {
+    // No partial output file survives a signal, a crash or a resource limit.
+    minids::install_output_cleanup_handlers();
     CLI::App app{"minids: DeepSeek-V2-family models (MLA + fine-grained MoE) on one GPU or the CPU",
                  "minids"};
     app.set_version_flag("--version", std::string("minids ") + MINIDS_VERSION);

@@ -1,21 +1,37 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <string>
+#include <system_error>
 
 namespace mgl::cpu {
 
 thread_pool::thread_pool(int n_threads) {
-    for (int i = 1; i < std::max(n_threads, 1); ++i)
-        workers_.emplace_back([this, i] { worker_loop(i); });
+    for (int i = 1; i < std::max(n_threads, 1); ++i) {
+        try {
+            workers_.emplace_back([this, i] { worker_loop(i); });
+        } catch (const std::system_error& e) {
+            // Out of threads or memory for their stacks (ulimit -v, -u): the workers already
+            // started must be stopped and joined here, since no destructor will run; a joinable
+            // std::thread destroyed while unwinding calls std::terminate.
+            stop_workers();
+            throw std::system_error(e.code(), "cannot start " + std::to_string(n_threads) +
+                                                  " threads (only " + std::to_string(i) +
+                                                  " could be started)");
+        }
+    }
 }
 
-thread_pool::~thread_pool() {
+thread_pool::~thread_pool() { stop_workers(); }
+
+void thread_pool::stop_workers() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
     }
     wake_.notify_all();
     for (auto& w : workers_) w.join();
+    workers_.clear();
 }
 
 void thread_pool::run_chunk(int index) {

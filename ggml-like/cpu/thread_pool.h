@@ -15,6 +15,7 @@ namespace mgl::cpu {
 
 class thread_pool {
 public:
+    // Throws std::system_error (nothing left running) when the threads cannot all be started.
     explicit thread_pool(int n_threads);
     ~thread_pool();
     thread_pool(const thread_pool&) = delete;
@@ -29,6 +30,7 @@ public:
                       int64_t min_chunk = 1);
 
 private:
+    void stop_workers();
     void worker_loop(int index);
     void run_chunk(int index);
 

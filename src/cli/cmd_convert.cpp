@@ -2,7 +2,9 @@
 // minids convert --synthetic tiny|v2-lite|v2 -o OUT.mds [--seed S] [--dry-run] ...
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <string>
+#include <system_error>
 
 #include "cli/commands.h"
 #include "convert/convert.h"
@@ -95,6 +97,12 @@ int run_convert(const ConvertArgs& a) {
         std::fprintf(stderr, "minids convert: %s\n", e.what());
         return exit_bad_input;
     } catch (const mds::WriterError& e) {
+        std::fprintf(stderr, "minids convert: %s\n", e.what());
+        return exit_failure;
+    } catch (const std::bad_alloc&) {  // resource limits: one line, no output left behind
+        std::fprintf(stderr, "minids convert: out of memory (fewer --threads need less)\n");
+        return exit_failure;
+    } catch (const std::system_error& e) {
         std::fprintf(stderr, "minids convert: %s\n", e.what());
         return exit_failure;
     }

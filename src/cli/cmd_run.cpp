@@ -17,6 +17,7 @@
 #include "runtime/interrupt.h"
 #include "runtime/npy.h"
 #include "runtime/session.h"
+#include "util/output_file.h"
 
 namespace minids::cli {
 
@@ -83,9 +84,32 @@ const char* stop_name(StopReason r) {
     return "?";
 }
 
+// Outputs are checked before any work, so a bad path is not found out after the generation.
+void check_output(const char* flag, const std::filesystem::path& path) {
+    try {
+        check_output_file(path);
+    } catch (const OutputError& e) {
+        throw UserError(std::string(flag) + ": " + e.what());
+    }
+}
+
+void check_outputs(const RunOptions& o) {
+    if (!o.dump_logits.empty()) check_output("--dump-logits", o.dump_logits);
+    if (!o.dump_tensors.empty()) {
+        std::error_code ec;
+        if (!std::filesystem::is_directory(o.dump_tensors, ec))
+            std::filesystem::create_directories(o.dump_tensors, ec);
+        if (ec || !std::filesystem::is_directory(o.dump_tensors, ec))
+            throw UserError("--dump-tensors: cannot create the directory " + o.dump_tensors +
+                            (ec ? ": " + ec.message() : std::string()));
+        check_output("--dump-tensors", std::filesystem::path(o.dump_tensors) / "probe.npy");
+    }
+}
+
 int run(const RunOptions& o) {
     const int n_sources = !o.prompt.empty() + !o.prompt_file.empty() + !o.ids.empty();
     if (n_sources != 1) throw UserError("give exactly one prompt: -p TEXT, -f FILE or --ids 0,5,9");
+    check_outputs(o);
     LoadedModel m = load_model(o.model, "run");
     const ModelConfig& cfg = m.model->config();
 
@@ -145,14 +169,7 @@ int run(const RunOptions& o) {
                       shape);
         ++n_dumped;
     };
-    if (!o.dump_tensors.empty()) {
-        std::error_code ec;
-        std::filesystem::create_directories(o.dump_tensors, ec);
-        if (ec || !std::filesystem::is_directory(o.dump_tensors)) {
-            throw UserError("--dump-tensors: cannot create the directory " + o.dump_tensors);
-        }
-        gp.observe_prefill = &dump_tensor;
-    }
+    if (!o.dump_tensors.empty()) gp.observe_prefill = &dump_tensor;
     std::vector<float> prompt_logits;
     GenerationStats st = generate(
         session, sampler, prompt, gp,

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 #include <system_error>
 
 #include "chat/jinja.h"
@@ -10,6 +11,7 @@
 #include "cli/model_check.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer_data.h"
+#include "util/output_file.h"
 
 namespace minids::cli {
 
@@ -101,7 +103,11 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     m.file = std::move(checked.file);
     m.model = std::move(checked.model);
     m.tokenizer = std::move(checked.tokenizer);
-    m.backend = mgl::make_cpu_backend(flags.n_threads);
+    try {
+        m.backend = mgl::make_cpu_backend(flags.n_threads);
+    } catch (const std::system_error& e) {  // ulimit -v / -u: not enough for the threads
+        throw UserError(std::string(e.what()) + "; use fewer with -t");
+    }
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -144,6 +150,17 @@ int run_guarded(const char* command, const std::function<int()>& body) {
     } catch (const ChatTemplateError& e) {  // the template refused the conversation
         std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
         return exit_bad_input;
+    } catch (const OutputError& e) {  // a file could not be written (disk full, ulimit -f)
+        std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
+        return exit_failure;
+    } catch (const std::bad_alloc&) {  // a resource limit, not a bug
+        std::fprintf(stderr,
+                     "minids %s: error: out of memory (a smaller context, -c, needs less)\n",
+                     command);
+        return exit_failure;
+    } catch (const std::system_error& e) {  // the system refused: threads, files, memory maps
+        std::fprintf(stderr, "minids %s: error: %s\n", command, e.what());
+        return exit_failure;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "minids %s: internal error: %s\n", command, e.what());
         return exit_failure;

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "mds/manifest.h"
+#include "util/strict_json.h"
 
 namespace minids::mds {
 
@@ -42,53 +42,11 @@ const char* json_type_name(const json& v) {
 }  // namespace
 
 json parse_json_strict(std::string_view text, const std::string& file, const std::string& field) {
-    // One set of seen keys per open object; an array opens no set but its objects do.
-    std::vector<std::unordered_set<std::string>> open_objects;
-    std::string duplicate;
-    int too_deep = 0;
-    auto on_event = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-        if (depth > manifest_max_depth) too_deep = depth;
-        switch (event) {
-            case json::parse_event_t::object_start:
-                open_objects.emplace_back();
-                break;
-            case json::parse_event_t::object_end:
-                if (!open_objects.empty()) open_objects.pop_back();
-                break;
-            case json::parse_event_t::key: {
-                const std::string& key = parsed.get_ref<const std::string&>();
-                if (!open_objects.empty() && !open_objects.back().insert(key).second &&
-                    duplicate.empty())
-                    duplicate = key;
-                break;
-            }
-            default:
-                break;
-        }
-        // Returning false discards the value; the checks below turn that into an error, but the
-        // parser still has to finish (nlohmann has no early abort short of throwing).
-        return duplicate.empty() && too_deep == 0;
-    };
-    json result;
     try {
-        result = json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true);
-    } catch (const json::exception& e) {
-        // e.what() carries nlohmann's position information ("at line 3, column 7").
-        // Keep the message printable: nlohmann quotes the offending input bytes verbatim.
-        std::string what = std::string(e.what()).substr(0, 200);
-        for (char& ch : what)
-            if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f)
-                ch = '?';
-        fail(file, field, "valid JSON", what);
+        return minids::parse_json_strict(text, manifest_max_depth);
+    } catch (const JsonSyntaxError& e) {
+        fail(file, field, e.expected, e.found);
     }
-    if (!duplicate.empty())
-        fail(file, field, "unique keys in every object",
-             "the key \"" + duplicate.substr(0, 64) + "\" twice");
-    if (too_deep)
-        fail(file, field, "nesting at most " + std::to_string(manifest_max_depth) + " levels deep",
-             "nesting " + std::to_string(too_deep) + " levels deep");
-    if (result.is_discarded()) fail(file, field, "a JSON value", "nothing");
-    return result;
 }
 
 std::string describe_json(const json& v) {

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -130,7 +131,19 @@ MdsFile::VerifyResult MdsFile::verify(
         worker();  // no thread to start for small files and tight test loops
     } else {
         std::vector<std::jthread> threads;
-        for (int t = 0; t < n_threads; ++t) threads.emplace_back(worker);
+        int started = 0;
+        for (; started < n_threads; ++started) {
+            try {
+                threads.emplace_back(worker);
+            } catch (const std::system_error&) {
+                break;  // fewer threads than asked (ulimit): the ones running share the work
+            }
+        }
+        if (started < n_threads) {
+            std::lock_guard lock(mu);
+            running -= n_threads - std::max(started, 1);
+        }
+        if (started == 0) worker();  // not even one: this thread does it all
         // Progress is reported from this thread only, so callers need no locking.
         std::unique_lock lock(mu);
         while (running > 0) {

@@ -130,7 +130,7 @@ MdsWriter::~MdsWriter() {
     }
 }
 
-fs::path MdsWriter::tmp_path() const { return fs::path(out_path_.string() + ".tmp"); }
+fs::path MdsWriter::tmp_path() const { return temp_path_for(out_path_); }
 
 size_t MdsWriter::add_tensor(const std::string& name, mgl::dtype dtype,
                              std::vector<int64_t> shape) {
@@ -239,6 +239,7 @@ void MdsWriter::open() {
     if (!overwrite_ && fs::exists(out_path_, ec))
         throw WriterError(out_path_.string() +
                           ": the output file already exists (use --force to overwrite it)");
+    tmp_registration_ = std::make_unique<TempFileRegistration>(tmp_path());
     fd_ = ::open(tmp_path().c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0)
         throw WriterError(tmp_path().string() + ": cannot create: " + std::strerror(errno));

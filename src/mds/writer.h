@@ -7,8 +7,8 @@
 //   2. write:  open() creates OUT.tmp at its final size; write_tensor / write_blob (thread-safe,
 //              any order) hash and pwrite each item at its planned offset.
 //   3. commit: writes manifest and preamble with the real checksums, fsyncs, renames OUT.tmp to
-//              OUT. A writer destroyed before commit() removes OUT.tmp, so a failed or
-//              interrupted conversion leaves no .mds behind.
+//              OUT. A writer destroyed before commit() removes OUT.tmp, and so does a signal that
+//              ends the process, so a failed or interrupted conversion leaves no file behind.
 // The bytes depend only on what was added (never on timing or thread count).
 //
 //     mds::MdsWriter w("model.mds", /*overwrite=*/false);
@@ -32,6 +32,7 @@
 
 #include "mds/format.h"
 #include "mgl.h"
+#include "util/output_file.h"
 
 namespace minids::mds {
 
@@ -181,6 +182,8 @@ private:
     std::vector<std::unique_ptr<AlignedBuffer>> bounce_free_;
     bool committed_ = false;
     std::atomic<uint64_t> bytes_written_{0};
+    // OUT.tmp is removed also when a signal ends the process (util/output_file.h).
+    std::unique_ptr<TempFileRegistration> tmp_registration_;
 };
 
 }  // namespace minids::mds

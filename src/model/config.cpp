@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/tokenizer_data.h"
+
 namespace minids {
 namespace {
 
@@ -415,7 +417,7 @@ ModelConfig config_from_manifest_json(const json& j) {
 // refused here instead of overflowing an allocation later.
 void validate_config(const ModelConfig& c) {
     constexpr int64_t dim_max = int64_t(1) << 20;
-    check_range("vocab_size", c.vocab_size, 1, int64_t(1) << 24);
+    check_range("vocab_size", c.vocab_size, 1, max_vocab_size);
     check_range("hidden_size", c.hidden_size, 1, dim_max);
     check_range("intermediate_size", c.intermediate_size, 1, dim_max);
     check_range("num_hidden_layers", c.num_hidden_layers, 1, 4096);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "util/output_file.h"
+
 namespace minids {
 
 namespace {
@@ -18,6 +20,7 @@ void on_sigint(int) {
         const char nl = '\n';
         ssize_t ignored = write(STDERR_FILENO, &nl, 1);
         (void)ignored;
+        remove_registered_temp_files();
         _exit(130);
     }
     g_interrupt_pending = 1;

@@ -1,9 +1,9 @@
 #include "runtime/npy.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <stdexcept>
+#include <string_view>
+
+#include "util/output_file.h"
 
 namespace minids {
 
@@ -26,17 +26,15 @@ void write_npy_f32(const std::string& path, std::span<const float> values,
     header.append((64 - unpadded % 64) % 64, ' ');
     header.push_back('\n');
 
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
-    f.write(magic, 8);
     const uint16_t len = uint16_t(header.size());
     const char len_le[2] = {char(len & 0xFF), char(len >> 8)};
-    f.write(len_le, 2);
-    f.write(header.data(), std::streamsize(header.size()));
-    f.write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size_bytes()));
-    f.close();
-    if (!f) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    const std::string_view pieces[] = {
+        {magic, 8},
+        {len_le, 2},
+        header,
+        {reinterpret_cast<const char*>(values.data()), values.size_bytes()}};
+    write_file_atomically(path, pieces);
 }
 
 }  // namespace minids

@@ -8,8 +8,9 @@
 
 namespace minids {
 
-// Writes `values` (row-major, product of `shape` elements) to `path`. Throws std::runtime_error
-// with the path and the reason when the file cannot be written.
+// Writes `values` (row-major, product of `shape` elements) to `path`, through PATH.tmp and a
+// rename (util/output_file.h). Throws OutputError with the path and the reason when the file
+// cannot be written (nothing is left behind), std::runtime_error when the shape is wrong.
 void write_npy_f32(const std::string& path, std::span<const float> values,
                    const std::vector<int64_t>& shape);
 

@@ -13,6 +13,7 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/unicode_regex.h"
+#include "util/strict_json.h"
 
 namespace minids {
 
@@ -25,12 +26,10 @@ constexpr size_t kMaxCachedPieceBytes = 128;
 constexpr size_t kMaxCachedPieces = size_t{1} << 18;
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw TokenizerError("cannot open tokenizer file " + path.string());
     try {
-        return nlohmann::json::parse(f);
-    } catch (const nlohmann::json::parse_error& e) {
-        throw TokenizerError(path.string() + " is not valid JSON: " + e.what());
+        return read_json_file_strict(path);
+    } catch (const FileReadError& e) {
+        throw TokenizerError(e.what());
     }
 }
 
@@ -193,8 +192,11 @@ struct Tokenizer::Impl {
 
     void encode_text(std::string_view text, bool add_prefix_space, std::vector<int32_t>& out) {
         if (add_prefix_space && !text.empty() && text[0] != ' ') {
-            prefixed = " ";
-            prefixed += text;
+            // Built with reserve + append: GCC 12 warns falsely (-Wrestrict) on " " + text here.
+            prefixed.clear();
+            prefixed.reserve(text.size() + 1);
+            prefixed.push_back(' ');
+            prefixed.append(text.data(), text.size());
             text = prefixed;
         }
         pre_tokenizer.split(text, pieces);

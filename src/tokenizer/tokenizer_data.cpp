@@ -248,6 +248,9 @@ std::vector<std::string> string_array(const json& obj, const std::string& key) {
 
 void check_ids_in_range(const TokenizerData& d) {
     const auto n = static_cast<int64_t>(d.vocab.size());
+    if (n > max_vocab_size)
+        fail("tokenizer: expected at most " + std::to_string(max_vocab_size) + " tokens, found " +
+             std::to_string(n));
     for (const auto& t : d.added_tokens) {
         if (t.id >= n) {
             fail("tokenizer: added token \"" + t.content + "\" has id " + std::to_string(t.id) +
@@ -287,13 +290,20 @@ TokenizerData tokenizer_data_from_hf(const json& tokenizer_json, const json& tok
     // vocabulary (DeepSeek-V3's 818 added tokens do); their content fills those slots.
     if (!model.contains("vocab") || !model["vocab"].is_object())
         fail("tokenizer.json: model has no \"vocab\" object");
-    int64_t n_vocab = 0;
-    for (const auto& [token, id] : model["vocab"].items()) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-            fail("tokenizer.json: vocab entry \"" + token + "\" should map to a token id");
+    // Ids are checked against max_vocab_size before they size the vocabulary: an id of
+    // 2147483647 once overflowed `id + 1`, and ids near 1e8 allocated gigabytes.
+    auto token_id = [](const json& id, const std::string& what) -> int64_t {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= max_vocab_size) {
+            fail("tokenizer.json: " + what + ": expected a token id in [0, " +
+                 std::to_string(max_vocab_size - 1) + "], found " +
+                 (id.is_number_integer() ? id.dump() : type_name_of(id)));
         }
-        n_vocab = std::max(n_vocab, id.get<int64_t>() + 1);
-    }
+        return id.get<int64_t>();
+    };
+    int64_t n_vocab = 0;
+    for (const auto& [token, id] : model["vocab"].items())
+        n_vocab = std::max(n_vocab, token_id(id, "vocab entry \"" + token + "\"") + 1);
     const json& added = tokenizer_json.value("added_tokens", json::array());
     if (!added.is_array()) fail("tokenizer.json: \"added_tokens\" should be an array");
     for (const auto& t : added) {
@@ -302,11 +312,8 @@ TokenizerData tokenizer_data_from_hf(const json& tokenizer_json, const json& tok
             !t.contains("content") || !t["content"].is_string()) {
             fail("tokenizer.json: an added token lacks an integer \"id\" or a string \"content\"");
         }
-        if (t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > INT32_MAX) {
-            fail("tokenizer.json: added token \"" + t["content"].get<std::string>() +
-                 "\" has an invalid id");
-        }
-        a.id = t["id"].get<int32_t>();
+        a.id =
+            int32_t(token_id(t["id"], "added token \"" + t["content"].get<std::string>() + "\""));
         a.content = t["content"].get<std::string>();
         a.special = bool_or(t, "special", false);
         a.lstrip = bool_or(t, "lstrip", false);
@@ -338,7 +345,8 @@ TokenizerData tokenizer_data_from_hf(const json& tokenizer_json, const json& tok
         } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
             d.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
         } else {
-            fail("tokenizer.json: a merge should be \"a b\" or [\"a\", \"b\"], found " + m.dump());
+            fail("tokenizer.json: a merge should be \"a b\" or [\"a\", \"b\"], found " +
+                 m.dump().substr(0, 64));
         }
     }
 

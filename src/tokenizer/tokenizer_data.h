@@ -13,6 +13,10 @@
 
 namespace minids {
 
+// The most tokens a vocabulary may have (a model's vocab_size is bounded by the same number).
+// Every id read from a file is checked against it before it sizes or indexes anything.
+inline constexpr int64_t max_vocab_size = int64_t{1} << 24;
+
 struct AddedToken {
     int32_t id = 0;
     std::string content;

@@ -16,6 +16,7 @@
 #include "mds/writer.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer_data.h"
+#include "util/output_file.h"
 
 namespace minids::convert {
 namespace {
@@ -215,16 +216,11 @@ private:
 }  // namespace
 
 void check_output_path(const fs::path& out, bool force) {
-    std::error_code ec;
-    if (!force && fs::exists(out, ec))
-        throw InputError(out.string() +
-                         ": the output file already exists (use --force to overwrite it)");
-    if (fs::is_directory(out, ec))
-        throw InputError(out.string() + ": expected an output file name, found a directory");
-    fs::path dir = fs::absolute(out, ec).parent_path();
-    if (!fs::is_directory(dir, ec))
-        throw InputError(out.string() + ": the output directory " + dir.string() +
-                         " does not exist");
+    try {
+        check_output_file(out, force);
+    } catch (const OutputError& e) {
+        throw InputError(e.what());
+    }
 }
 
 bool parse_expert_dtype(const std::string& s, mgl::dtype& out) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -75,7 +77,19 @@ void parallel_for(size_t n, int n_threads, const std::function<void(size_t)>& fn
     if (extra > n - 1) extra = n - 1;
     std::vector<std::thread> threads;
     threads.reserve(extra);
-    for (size_t t = 0; t < extra; ++t) threads.emplace_back(worker);
+    for (size_t t = 0; t < extra; ++t) {
+        try {
+            threads.emplace_back(worker);
+        } catch (const std::system_error& e) {
+            // Out of threads or of memory for their stacks: stop and join the ones started (a
+            // joinable std::thread destroyed while unwinding calls std::terminate).
+            stop = true;
+            for (auto& started : threads) started.join();
+            throw std::system_error(e.code(), "cannot start " + std::to_string(n_threads) +
+                                                  " threads (only " + std::to_string(t + 1) +
+                                                  " could be started; use fewer with --threads)");
+        }
+    }
     worker();
     for (auto& t : threads) t.join();
     if (error) std::rethrow_exception(error);

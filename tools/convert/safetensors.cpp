@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/strict_json.h"
+
 namespace minids::convert {
 namespace {
 
@@ -79,38 +81,19 @@ int64_t StTensor::nelements() const {
 }
 
 json parse_json_strict(const std::string& text, const std::string& what) {
-    // One set of seen keys per open object; the callback sees every key before its value.
-    auto seen = std::make_shared<std::vector<std::set<std::string>>>();
-    std::string duplicate;
-    json::parser_callback_t cb = [seen, &duplicate](int, json::parse_event_t ev, json& parsed) {
-        if (ev == json::parse_event_t::object_start) {
-            seen->emplace_back();
-        } else if (ev == json::parse_event_t::object_end) {
-            if (!seen->empty()) seen->pop_back();
-        } else if (ev == json::parse_event_t::key) {
-            if (!seen->empty() && !seen->back().insert(parsed.get<std::string>()).second &&
-                duplicate.empty())
-                duplicate = parsed.get<std::string>();
-        }
-        return true;
-    };
-    json j;
     try {
-        j = json::parse(text, cb, /*allow_exceptions=*/true);
-    } catch (const json::exception& e) {
-        throw InputError(what + ": expected valid JSON, found a syntax error (" + e.what() + ")");
+        return minids::parse_json_strict(text);
+    } catch (const JsonSyntaxError& e) {
+        throw InputError(what + ": " + e.what());
     }
-    if (!duplicate.empty()) throw InputError(what + ": duplicate JSON key \"" + duplicate + "\"");
-    return j;
 }
 
 json read_json_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) fail(path, "read error");
-    return parse_json_strict(ss.str(), path.string());
+    try {
+        return read_json_file_strict(path);
+    } catch (const FileReadError& e) {
+        throw InputError(e.what());
+    }
 }
 
 StHeader read_safetensors_header(const fs::path& path) {
