@@ -3,6 +3,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -22,11 +23,31 @@ int main(int argc, char** argv) {
     minids::cli::add_bench_command(app, exit_code);
     minids::cli::add_info_command(app, exit_code);
     minids::cli::add_tokenize_command(app, exit_code);
-    // llama.cpp spells chat's system prompt "-sys"; CLI11 only knows one-letter short flags.
-    std::string sys_flag = "--sys";
+    // llama.cpp spells some flags with one dash and several letters (-sys, -ngl); CLI11 knows only
+    // one-letter short flags and would read "-ngl 99" as "-n gl 99". Those minids implements are
+    // renamed to their long form; any other such word is refused rather than split.
+    const std::pair<std::string_view, std::string> aliases[] = {{"-sys", "--sys"},
+                                                                {"-ngl", "--n-gpu-layers"}};
     std::vector<char*> args(argv, argv + argc);
-    for (char*& a : args) {
-        if (std::string_view(a) == "-sys") a = sys_flag.data();
+    for (size_t i = 1; i < args.size(); ++i) {
+        const std::string_view a = args[i];
+        if (a == "--") break;  // what follows is not flags
+        if (!minids::cli::looks_like_split_flag(a)) continue;
+        bool renamed = false;
+        for (const auto& [from, to] : aliases) {
+            if (a == from) {
+                args[i] = const_cast<char*>(to.c_str());
+                renamed = true;
+            }
+        }
+        if (!renamed) {
+            std::fprintf(stderr,
+                         "minids: error: unknown flag %s (a flag of several letters takes two "
+                         "dashes; to give -%c a value, put a space after it) (see minids --help, "
+                         "or minids COMMAND --help)\n",
+                         args[i], a[1]);
+            return minids::cli::exit_bad_input;
+        }
     }
     try {
         app.parse(int(args.size()), args.data());

@@ -29,7 +29,15 @@ struct ChatOptions {
     SamplerParams sampling;
     std::string system_prompt;
     int64_t n_predict = -1;
+    bool escape = false;                       // -e
+    std::vector<std::string> reverse_prompts;  // -r
+    bool ignore_eos = false;
 };
+
+constexpr const char* kHelp =
+    "minids chat: /help lists these commands, /clear forgets the conversation, /exit (or Ctrl-D) "
+    "quits; a line ending in \\ continues on the next; Ctrl-C stops an answer, a second Ctrl-C "
+    "exits";
 
 // Lines from the terminal through libedit (editing, history), or plain lines from a pipe.
 class LineReader {
@@ -142,7 +150,8 @@ std::string generation_opening(const ChatFormat& f) {
     }
 }
 
-ChatFormat chat_format(const LoadedModel& m, const std::string& choice) {
+ChatFormat chat_format(const LoadedModel& m, const std::string& choice,
+                       const std::vector<std::string>& extra_stops) {
     ChatFormat f;
     const std::string& own = m.file->tokenizer().chat_template;
     if (choice.empty() && own.empty()) {
@@ -162,30 +171,73 @@ ChatFormat chat_format(const LoadedModel& m, const std::string& choice) {
         if (!opening.empty()) f.stops.push_back(opening);
     }
     f.assistant_lead = assistant_lead(f);
+    f.stops.insert(f.stops.end(), extra_stops.begin(), extra_stops.end());
     return f;
 }
 
+// The conversation as the model sees it. The template writes BOS itself: encode without adding
+// specials, parsing them in the text. Throws ChatTemplateError (the template refuses the
+// conversation) or TokenizerError (text that is not UTF-8).
+std::vector<int32_t> conversation_tokens(const ChatFormat& format, const Tokenizer& tok,
+                                         const std::vector<ChatMessage>& messages) {
+    const std::string prompt =
+        render_chat(format.source, messages,
+                    /*add_generation_prompt=*/true, format.bos_text, format.eos_text);
+    std::vector<int32_t> tokens = tok.encode(prompt, /*add_special=*/false, /*parse_special=*/true);
+    if (tok.bos_id() && tok.data().add_bos && (tokens.empty() || tokens.front() != *tok.bos_id()))
+        tokens.insert(tokens.begin(), *tok.bos_id());
+    return tokens;
+}
+
+// Drops the oldest turns (the fixed system prompt stays, the new message too) until the
+// conversation leaves `answer_room` tokens of the context free, as llama.cpp's context shift
+// keeps the conversation going. Returns the tokens and sets `dropped` to the turns removed.
+std::vector<int32_t> fit_conversation(const ChatFormat& format, const Tokenizer& tok,
+                                      std::vector<ChatMessage>& messages, size_t n_fixed,
+                                      int64_t n_ctx, int64_t answer_room, size_t& dropped) {
+    dropped = 0;
+    for (;;) {
+        std::vector<int32_t> tokens = conversation_tokens(format, tok, messages);
+        if (int64_t(tokens.size()) + answer_room <= n_ctx || messages.size() <= n_fixed + 1)
+            return tokens;
+        // One turn: the oldest user message and what answers it, up to the next user message.
+        size_t end = n_fixed + 1;
+        while (end + 1 < messages.size() && messages[end].role != "user") ++end;
+        messages.erase(messages.begin() + std::ptrdiff_t(n_fixed),
+                       messages.begin() + std::ptrdiff_t(end));
+        ++dropped;
+    }
+}
+
 int chat(const ChatOptions& o) {
+    std::vector<std::string> stops = o.reverse_prompts;
+    std::string system_prompt = o.system_prompt;
+    if (o.escape) {
+        system_prompt = process_escapes(system_prompt);
+        for (std::string& stop : stops) stop = process_escapes(stop);
+    }
+    for (const std::string& stop : stops)
+        if (stop.empty()) throw UserError("-r: expected a non-empty stop string");
     LoadedModel m = load_model(o.model, "chat");
     const ModelConfig& cfg = m.model->config();
     const Tokenizer& tok = *m.tokenizer;
-    const ChatFormat format = chat_format(m, o.model.chat_template);
+    const ChatFormat format = chat_format(m, o.model.chat_template, stops);
+    const int64_t n_ctx = o.model.n_ctx;
+    // What an answer may need: -n when given, else a quarter of the context.
+    const int64_t answer_room = o.n_predict > 0 ? std::min(o.n_predict, n_ctx / 2) : n_ctx / 4;
 
     SessionParams sp;
-    sp.n_ctx = o.model.n_ctx;
+    sp.n_ctx = n_ctx;
     Session session(*m.model, *m.backend, sp);
-    Sampler sampler(o.sampling, o.model.n_ctx);
+    Sampler sampler(o.sampling, n_ctx);
     InterruptHandler interrupt;
     LineReader in;
     std::vector<ChatMessage> messages;
-    if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
+    if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
     const size_t n_fixed = messages.size();
     const std::optional<int32_t> eos =
         tok.eos_id() ? tok.eos_id() : std::optional<int32_t>(int32_t(cfg.eos_token_id));
-    if (in.tty())
-        std::fprintf(stderr,
-                     "minids chat: /clear forgets the conversation, /exit or Ctrl-D quits, a line "
-                     "ending in \\ continues\n");
+    if (in.tty()) std::fprintf(stderr, "%s\n", kHelp);
 
     for (;;) {
         interrupt.set_at_prompt(true);
@@ -193,6 +245,10 @@ int chat(const ChatOptions& o) {
         interrupt.set_at_prompt(false);
         interrupt.clear();
         if (!input || *input == "/exit") return exit_ok;
+        if (*input == "/help") {
+            std::fprintf(stderr, "%s\n", kHelp);
+            continue;
+        }
         if (*input == "/clear") {
             messages.resize(n_fixed);
             sampler.reset_history();
@@ -201,25 +257,39 @@ int chat(const ChatOptions& o) {
         }
         if (input->empty()) continue;
 
+        // One bad line is refused with a message; the conversation goes on.
         messages.push_back({"user", *input});
-        // The template writes BOS itself: encode without adding specials, parsing them in the text.
-        const std::string prompt =
-            render_chat(format.source, messages, /*add_generation_prompt=*/true, format.bos_text,
-                        format.eos_text);
-        std::vector<int32_t> tokens =
-            tok.encode(prompt, /*add_special=*/false, /*parse_special=*/true);
-        if (tok.bos_id() && tok.data().add_bos &&
-            (tokens.empty() || tokens.front() != *tok.bos_id())) {
-            tokens.insert(tokens.begin(), *tok.bos_id());
-        }
-        if (int64_t(tokens.size()) >= o.model.n_ctx) {
-            std::fprintf(stderr,
-                         "minids chat: the conversation has %zu tokens, the context only %lld "
-                         "(-c); /clear starts over\n",
-                         tokens.size(), (long long)o.model.n_ctx);
+        const std::vector<ChatMessage> before = messages;
+        std::vector<int32_t> tokens;
+        size_t dropped = 0;
+        try {
+            tokens = fit_conversation(format, tok, messages, n_fixed, n_ctx, answer_room, dropped);
+        } catch (const TokenizerError& e) {
+            std::fprintf(stderr, "minids chat: this message is not sent: %s\n", e.what());
+            messages = before;
+            messages.pop_back();
+            continue;
+        } catch (const ChatTemplateError& e) {
+            std::fprintf(stderr, "minids chat: this message is not sent: %s\n", e.what());
+            messages = before;
             messages.pop_back();
             continue;
         }
+        if (int64_t(tokens.size()) >= n_ctx) {
+            std::fprintf(
+                stderr,
+                "minids chat: this message is not sent: with it the conversation needs %zu "
+                "tokens even with the older turns dropped, more than the context of %lld "
+                "(-c)\n",
+                tokens.size(), (long long)n_ctx);
+            messages = before;
+            messages.pop_back();
+            continue;
+        }
+        if (dropped)
+            std::fprintf(
+                stderr, "minids chat: the context is full: dropped the oldest %zu turn%s%s\n",
+                dropped, dropped == 1 ? "" : "s", n_fixed ? " (the system prompt is kept)" : "");
         // Reuse the cached prefix; at least one token must be evaluated to get logits.
         const int64_t reused =
             std::min<int64_t>(session.common_prefix(tokens), int64_t(tokens.size()) - 1);
@@ -231,6 +301,7 @@ int chat(const ChatOptions& o) {
         GenerateParams gp;
         gp.n_predict = o.n_predict;
         gp.eos_id = eos;
+        gp.ignore_eos = o.ignore_eos;
         gp.interrupt = &interrupt;
         auto emit = [](const std::string& s) {
             std::fwrite(s.data(), 1, s.size(), stdout);
@@ -264,11 +335,12 @@ int chat(const ChatOptions& o) {
 
 void add_chat_command(CLI::App& app, int& exit_code) {
     auto opts = std::make_shared<ChatOptions>();
-    auto* cmd = app.add_subcommand("chat",
-                                   "interactive chat with the model's chat template: /clear "
-                                   "forgets the conversation, /exit (or Ctrl-D) "
-                                   "quits, a line ending in \\ continues on the next; Ctrl-C stops "
-                                   "an answer, a second Ctrl-C exits");
+    auto* cmd = app.add_subcommand(
+        "chat",
+        "interactive chat with the model's chat template: /help lists the commands, /clear "
+        "forgets the conversation, /exit (or Ctrl-D) quits, a line ending in \\ continues on the "
+        "next; Ctrl-C stops an answer, a second Ctrl-C exits. When the context fills, the oldest "
+        "turns are dropped (the system prompt is kept)");
     add_model_flags(*cmd, opts->model);
     cmd->add_option("--sys,--system-prompt", opts->system_prompt,
                     "system message at the start of the conversation (also -sys, as in llama.cpp)");
@@ -277,6 +349,14 @@ void add_chat_command(CLI::App& app, int& exit_code) {
         ->capture_default_str()
         ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
     add_sampling_flags(*cmd, opts->sampling);
+    cmd->add_flag("-e,--escape", opts->escape,
+                  "process escapes in -sys and -r: \\n \\r \\t \\' \\\" \\\\ \\xHH (as llama.cpp)");
+    cmd->add_option("-r,--reverse-prompt", opts->reverse_prompts,
+                    "end an answer when it would contain this text (not printed); may be given "
+                    "more than once")
+        ->allow_extra_args(false);
+    cmd->add_flag("--ignore-eos", opts->ignore_eos,
+                  "never end an answer at end of sequence: the EOS token is not sampled");
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("chat", [&] { return chat(*opts); }); });
 }

@@ -2,7 +2,9 @@
 // summary and the speed go to stderr, so stdout carries only the generated text (or ids).
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,7 +19,9 @@
 #include "runtime/interrupt.h"
 #include "runtime/npy.h"
 #include "runtime/session.h"
+#include "runtime/stop_strings.h"
 #include "util/output_file.h"
+#include "util/strict_json.h"
 
 namespace minids::cli {
 
@@ -34,6 +38,9 @@ struct RunOptions {
     std::string dump_logits;
     std::string dump_tensors;
     bool no_bos = false;
+    bool escape = false;                       // -e
+    std::vector<std::string> reverse_prompts;  // -r
+    bool ignore_eos = false;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
@@ -62,10 +69,12 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
     return ids;
 }
 
-std::string read_text_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw UserError("cannot read the prompt file " + path);
-    return std::string(std::istreambuf_iterator<char>(f), {});
+std::string read_prompt_file(const std::string& path) {
+    try {
+        return read_file_bytes(path, uint64_t{1} << 30);
+    } catch (const FileReadError& e) {
+        throw UserError(std::string("-f: ") + e.what());
+    }
 }
 
 const char* stop_name(StopReason r) {
@@ -110,6 +119,13 @@ int run(const RunOptions& o) {
     const int n_sources = !o.prompt.empty() + !o.prompt_file.empty() + !o.ids.empty();
     if (n_sources != 1) throw UserError("give exactly one prompt: -p TEXT, -f FILE or --ids 0,5,9");
     check_outputs(o);
+    std::string text = o.prompt_file.empty() ? o.prompt : read_prompt_file(o.prompt_file);
+    if (o.escape) text = process_escapes(text);
+    std::vector<std::string> stops = o.reverse_prompts;
+    if (o.escape)
+        for (std::string& stop : stops) stop = process_escapes(stop);
+    for (const std::string& stop : stops)
+        if (stop.empty()) throw UserError("-r: expected a non-empty stop string");
     LoadedModel m = load_model(o.model, "run");
     const ModelConfig& cfg = m.model->config();
 
@@ -117,7 +133,6 @@ int run(const RunOptions& o) {
     if (!o.ids.empty()) {
         prompt = parse_ids(o.ids, cfg.vocab_size);
     } else {
-        std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
         if (!o.model.chat_template.empty()) {
             // The prompt becomes one user message; the template writes BOS itself.
             const Tokenizer& tok = *m.tokenizer;
@@ -142,11 +157,7 @@ int run(const RunOptions& o) {
                         " tokens, more than the context of " + std::to_string(o.model.n_ctx) +
                         " (-c)");
     }
-    if (o.n_predict > 0 && n_prompt + o.n_predict > o.model.n_ctx) {
-        throw UserError("the prompt (" + std::to_string(n_prompt) + " tokens) plus -n " +
-                        std::to_string(o.n_predict) + " exceeds the context of " +
-                        std::to_string(o.model.n_ctx) + " tokens (-c)");
-    }
+    // -n beyond the room left generates until the context is full, as llama.cpp does.
 
     SessionParams sp;
     sp.n_ctx = o.model.n_ctx;
@@ -154,13 +165,25 @@ int run(const RunOptions& o) {
     Sampler sampler(o.sampling, o.model.n_ctx);
     InterruptHandler interrupt;
     StreamingDetokenizer detok(*m.tokenizer, /*skip_special=*/false);
+    StopStringFilter filter(stops);
     std::vector<int32_t> generated;
+    bool output_failed = false;  // stdout closed (a pipe whose reader left) or full
+    int output_errno = 0;
+    auto emit = [&](const std::string& piece) {
+        if (piece.empty() || output_failed) return;
+        if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size() ||
+            std::fflush(stdout) != 0) {
+            output_failed = true;
+            output_errno = errno;
+        }
+    };
 
     GenerateParams gp;
     gp.n_predict = o.n_predict;
     gp.eos_id = m.tokenizer->eos_id() ? m.tokenizer->eos_id()
                                       : std::optional<int32_t>(int32_t(cfg.eos_token_id));
     gp.interrupt = &interrupt;
+    gp.ignore_eos = o.ignore_eos;
     // --dump-tensors: every named intermediate of the prompt's forward as DIR/<name>.npy.
     int64_t n_dumped = 0;
     TensorObserver dump_tensor = [&](const mgl::tensor& t, std::span<const float> values) {
@@ -175,12 +198,10 @@ int run(const RunOptions& o) {
         session, sampler, prompt, gp,
         [&](int32_t id) {
             generated.push_back(id);
-            if (!o.print_ids) {
-                std::string piece = detok.push(id);
-                std::fwrite(piece.data(), 1, piece.size(), stdout);
-                std::fflush(stdout);
-            }
-            return true;
+            // The text goes through the -r stop strings even with --print-ids.
+            const std::string piece = filter.push(detok.push(id));
+            if (!o.print_ids) emit(piece);
+            return !filter.stopped() && !output_failed;
         },
         o.dump_logits.empty() ? nullptr : &prompt_logits);
 
@@ -188,13 +209,15 @@ int run(const RunOptions& o) {
         std::string line;
         for (size_t i = 0; i < generated.size(); ++i)
             line += (i ? " " : "") + std::to_string(generated[i]);
-        std::printf("%s\n", line.c_str());
+        emit(line + "\n");
     } else {
-        std::string rest = detok.flush();
-        std::fwrite(rest.data(), 1, rest.size(), stdout);
-        if (st.n_gen > 0) std::fputc('\n', stdout);
+        emit(filter.push(detok.flush()));
+        emit(filter.flush());
+        if (st.n_gen > 0) emit("\n");
     }
-    std::fflush(stdout);
+    if (output_failed)
+        throw OutputError(std::string("stdout: cannot write the output: ") +
+                          std::strerror(output_errno));
     if (!o.dump_logits.empty()) {
         write_npy_f32(o.dump_logits, prompt_logits, {n_prompt, cfg.vocab_size});
         std::fprintf(stderr, "minids run: wrote logits [%lld, %lld] to %s\n", (long long)n_prompt,
@@ -234,7 +257,8 @@ void add_run_command(CLI::App& app, int& exit_code) {
                     "prompt as comma-separated token ids, used as given (e.g. 0,5,9)");
     cmd->add_option(
            "-n,--n-predict", opts->n_predict,
-           "tokens to generate (-1: until end of sequence or the context is full; 0: prompt only)")
+           "tokens to generate (-1: until end of sequence or the context is full; 0: prompt only; "
+           "more than the context holds: until it is full)")
         ->capture_default_str()
         ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
     add_sampling_flags(*cmd, opts->sampling);
@@ -248,6 +272,14 @@ void add_run_command(CLI::App& app, int& exit_code) {
                     "write the float32 logits of every prompt position to this .npy file, shape "
                     "[n_prompt, vocab]");
     cmd->add_flag("--no-bos", opts->no_bos, "do not add the BOS token to a text prompt");
+    cmd->add_flag("-e,--escape", opts->escape,
+                  "process escapes in -p and -r: \\n \\r \\t \\' \\\" \\\\ \\xHH (as llama.cpp)");
+    cmd->add_option("-r,--reverse-prompt", opts->reverse_prompts,
+                    "stop when the output would contain this text (not printed); may be given "
+                    "more than once")
+        ->allow_extra_args(false);
+    cmd->add_flag("--ignore-eos", opts->ignore_eos,
+                  "never stop at end of sequence: the EOS token is not sampled (as llama.cpp)");
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("run", [&] { return run(*opts); }); });
 }

@@ -5,6 +5,8 @@
 // overflow); 130 interrupted by Ctrl-C.
 #pragma once
 
+#include <string_view>
+
 #include <CLI/CLI.hpp>
 
 namespace minids::cli {
@@ -13,6 +15,10 @@ inline constexpr int exit_ok = 0;
 inline constexpr int exit_failure = 1;
 inline constexpr int exit_bad_input = 2;
 inline constexpr int exit_interrupted = 130;
+
+// "-ngl", "-sys", "-xyz": one dash and two or more letters, which CLI11 would split into the
+// one-letter flag -x and the value "yz". Negative numbers and -inf / -nan are values, not flags.
+bool looks_like_split_flag(std::string_view arg);
 
 void add_run_command(CLI::App& app, int& exit_code);       // cmd_run.cpp
 void add_chat_command(CLI::App& app, int& exit_code);      // cmd_chat.cpp

@@ -1,9 +1,12 @@
 #include "cli/model_session.h"
 
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <new>
+#include <sstream>
 #include <system_error>
 
 #include "chat/jinja.h"
@@ -24,35 +27,119 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
     cmd.add_option("-t,--threads", f.n_threads, "CPU threads (0: the number of physical cores)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1024));
+    cmd.add_option("--n-gpu-layers", f.n_gpu_layers,
+                   "layers to place on the GPU, as in llama.cpp: 0 runs on the CPU; any other "
+                   "number means the GPU, with the memory plan deciding placement (also -ngl)")
+        ->check(CLI::Range(0, 1 << 20));
     cmd.add_option(
         "--chat-template", f.chat_template,
         "chat template instead of the model's own: deepseek2, deepseek3, chatml or Jinja source "
         "(run sends the prompt as one user message with it)");
 }
 
+CLI::Validator finite_in(double lo, double hi) {
+    auto text = [](double v) {
+        std::ostringstream os;
+        os << v;
+        return os.str();
+    };
+    const std::string range = "[" + text(lo) + ", " + text(hi) + "]";
+    return CLI::Validator(
+        [lo, hi, range, text](std::string& input) -> std::string {
+            double v = 0;
+            try {
+                size_t used = 0;
+                v = std::stod(input, &used);
+                if (used != input.size()) throw std::invalid_argument(input);
+            } catch (const std::exception&) {
+                return "expected a number in " + range + ", found \"" + input + "\"";
+            }
+            if (!std::isfinite(v) || v < lo || v > hi)
+                return "expected a finite number in " + range + ", found " + input;
+            return {};
+        },
+        "NUMBER in " + range);
+}
+
 void add_sampling_flags(CLI::App& cmd, SamplerParams& p) {
     cmd.add_option("--temp", p.temp, "temperature; 0 picks the most likely token (greedy)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(finite_in(-1e6, 1e6));
     cmd.add_option("--top-k", p.top_k, "keep the k most likely tokens (0: off)")
         ->capture_default_str();
     cmd.add_option("--top-p", p.top_p,
                    "keep the most likely tokens up to this probability mass (1: off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0f, 1.0f));
+        ->check(finite_in(0.0, 1.0));
     cmd.add_option("--min-p", p.min_p,
                    "drop tokens less likely than min-p times the most likely one (0: off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0f, 1.0f));
+        ->check(finite_in(0.0, 1.0));
     cmd.add_option("--repeat-penalty", p.repeat_penalty,
                    "penalize tokens seen in the last repeat-last-n (1: off)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(finite_in(1e-6, 1e6));
     cmd.add_option("--repeat-last-n", p.repeat_last_n,
                    "tokens the repeat penalty looks back on (0: off, -1: context)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 1 << 24));
-    cmd.add_option("-s,--seed", p.seed, "random seed (4294967295: a random one)")
-        ->capture_default_str();
+    // llama.cpp's -1 (and its LLAMA_DEFAULT_SEED, 4294967295) mean a random seed.
+    cmd.add_option_function<int64_t>(
+           "-s,--seed",
+           [&p](int64_t v) {
+               p.seed = v < 0 ? SamplerParams::default_seed : static_cast<uint32_t>(v);
+           },
+           "random seed (-1, the default: a random one, printed at the end)")
+        ->check(CLI::Range(int64_t(-1), int64_t(UINT32_MAX)));
+}
+
+bool looks_like_split_flag(std::string_view a) {
+    if (a.size() < 3 || a[0] != '-' || !std::isalpha(static_cast<unsigned char>(a[1])))
+        return false;
+    for (char c : a.substr(1))
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+    std::string lower(a.substr(1));
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return lower != "inf" && lower != "nan" && lower != "infinity";
+}
+
+std::string process_escapes(const std::string& text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] != '\\' || i + 1 == text.size()) {
+            out += text[i];
+            continue;
+        }
+        const char c = text[++i];
+        switch (c) {
+            case 'n':
+                out += '\n';
+                break;
+            case 'r':
+                out += '\r';
+                break;
+            case 't':
+                out += '\t';
+                break;
+            case '\'':
+            case '"':
+            case '\\':
+                out += c;
+                break;
+            case 'x':
+                if (i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+                    std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+                    out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+                    i += 2;
+                    break;
+                }
+                [[fallthrough]];
+            default:
+                out += '\\';
+                out += c;
+        }
+    }
+    return out;
 }
 
 namespace {

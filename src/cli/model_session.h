@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -28,10 +29,21 @@ struct ModelFlags {
     int64_t n_ctx = 4096;       // -c
     int n_threads = 0;          // -t; 0: physical cores
     std::string chat_template;  // --chat-template; empty: the model's own
+    // -ngl / --n-gpu-layers, as llama.cpp: 0 runs on the CPU; any other value means the GPU, with
+    // the memory plan deciding what is placed where. Unset: the default backend.
+    std::optional<int> n_gpu_layers;
 };
 
 void add_model_flags(CLI::App& cmd, ModelFlags& flags);
 void add_sampling_flags(CLI::App& cmd, SamplerParams& params);
+
+// A validator for floating-point flags: a finite number in [lo, hi] (NaN and infinities are
+// refused, and the message says so in one short line).
+CLI::Validator finite_in(double lo, double hi);
+
+// llama.cpp's -e: \n, \r, \t, \', \", \\ and \xHH in `text` become the characters they
+// name; other backslashes stay as they are.
+std::string process_escapes(const std::string& text);
 
 // An opened model, ready to make sessions.
 struct LoadedModel {

@@ -1,6 +1,7 @@
 #include "runtime/generate.h"
 
 #include <chrono>
+#include <limits>
 
 #include "runtime/interrupt.h"
 
@@ -43,9 +44,12 @@ GenerationStats generate(Session& session, Sampler& sampler, std::span<const int
             st.stop = StopReason::interrupted;
             break;
         }
+        if (params.ignore_eos && params.eos_id && *params.eos_id >= 0 &&
+            *params.eos_id < int64_t(logits.size()))
+            logits[size_t(*params.eos_id)] = -std::numeric_limits<float>::infinity();
         const int32_t id = sampler.sample(logits);
         sampler.accept(id);
-        if (params.eos_id && id == *params.eos_id) {
+        if (params.eos_id && id == *params.eos_id && !params.ignore_eos) {
             st.stop = StopReason::eos;
             break;
         }

@@ -27,6 +27,7 @@ struct GenerationStats {
 struct GenerateParams {
     int64_t n_predict = -1;         // < 0: until EOS or the context is full
     std::optional<int32_t> eos_id;  // stop at this token (not emitted)
+    bool ignore_eos = false;        // never sample eos_id (its logit is -inf) and never stop on it
     const InterruptHandler* interrupt = nullptr;
     const TensorObserver* observe_prefill = nullptr;  // sees the prefill's named intermediates
 };
