@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes the .mds preamble/manifest parser for a bounded time: builds tests/fuzz/ with clang,
-# libFuzzer, ASan and UBSan in build-fuzz/ (only the parser's own sources), then runs it on the
-# committed seed corpus (tests/fuzz/corpus/). Exits non-zero on a crash, leak, sanitizer report
+# Fuzzes what minids reads from untrusted files (the .mds preamble/manifest, chat templates,
+# tokenizer.json) for a bounded time: builds tests/fuzz/ with clang, libFuzzer, ASan and UBSan in
+# build-fuzz/ (only the parsers' own sources), then runs it on the committed seed corpus
+# (tests/fuzz/corpus/). Exits non-zero on a crash, leak, sanitizer report
 # or uncaught exception; the reproducer is left in build-fuzz/ (crash-*, leak-*, timeout-*).
 #
 #   scripts/fuzz.sh [SECONDS]      (default 60)
@@ -14,13 +15,13 @@ command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (needs clang with l
 
 CC=$cc CXX=$cxx cmake -S . -B build-fuzz -G Ninja -DMINIDS_FUZZ=ON -DMINIDS_TESTS=OFF \
     -DMINIDS_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz --target fuzz_mds_manifest -j "${JOBS:-2}" >/dev/null
+cmake --build build-fuzz --target fuzz_inputs -j "${JOBS:-2}" >/dev/null
 
 # New inputs the fuzzer finds go to a scratch directory; the committed corpus is only read.
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-echo "fuzz: fuzz_mds_manifest for ${seconds}s on tests/fuzz/corpus" >&2
-build-fuzz/fuzz_mds_manifest -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+echo "fuzz: fuzz_inputs for ${seconds}s on tests/fuzz/corpus" >&2
+build-fuzz/fuzz_inputs -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -max_len=262144 -artifact_prefix=build-fuzz/ -print_final_stats=1 \
     "$scratch" tests/fuzz/corpus 2>build-fuzz/fuzz.log || {
     tail -n 40 build-fuzz/fuzz.log >&2

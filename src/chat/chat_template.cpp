@@ -32,24 +32,25 @@ std::string render_chat_json(const std::string& template_src,
 void check_chat_template(std::string_view template_src, const std::string& bos_token,
                          const std::string& eos_token) {
     const JinjaTemplate t = JinjaTemplate::parse(template_src);
-    const std::vector<std::vector<ChatMessage>> conversations = {
-        {{"user", "Hello"}},
-        {{"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi."}, {"user", "Bye"}},
+    // Two renders cover both values of add_generation_prompt and all three roles; a template
+    // that runs out of its work budget costs them twice.
+    const std::pair<std::vector<ChatMessage>, bool> trials[] = {
+        {{{"user", "Hello"}}, true},
+        {{{"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi."}, {"user", "Bye"}},
+         false},
     };
-    for (const auto& conversation : conversations) {
-        for (bool add_generation_prompt : {true, false}) {
-            nlohmann::ordered_json context = nlohmann::ordered_json::object();
-            context["messages"] = nlohmann::ordered_json::array();
-            for (const auto& m : conversation)
-                context["messages"].push_back({{"role", m.role}, {"content", m.content}});
-            context["add_generation_prompt"] = add_generation_prompt;
-            context["bos_token"] = bos_token;
-            context["eos_token"] = eos_token;
-            try {
-                t.render(context);
-            } catch (const ChatTemplateRaised&) {
-                // The template's own refusal of this conversation: allowed.
-            }
+    for (const auto& [conversation, add_generation_prompt] : trials) {
+        nlohmann::ordered_json context = nlohmann::ordered_json::object();
+        context["messages"] = nlohmann::ordered_json::array();
+        for (const auto& m : conversation)
+            context["messages"].push_back({{"role", m.role}, {"content", m.content}});
+        context["add_generation_prompt"] = add_generation_prompt;
+        context["bos_token"] = bos_token;
+        context["eos_token"] = eos_token;
+        try {
+            t.render(context);
+        } catch (const ChatTemplateRaised&) {
+            // The template's own refusal of this conversation: allowed.
         }
     }
 }

@@ -1,5 +1,7 @@
 #include "cli/model_session.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -201,6 +203,13 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     const ModelConfig& c = m.model->config();
     const uint64_t kv_bytes =
         uint64_t(c.num_hidden_layers) * uint64_t(flags.n_ctx) * uint64_t(c.kv_cache_width()) * 4;
+    // The cache is allocated whole; one that cannot fit in this machine's memory is the flag's
+    // fault, said before the allocation fails (or the kernel's OOM killer ends the process).
+    const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+    if (ram > 0 && kv_bytes > ram)
+        throw UserError("-c " + std::to_string(flags.n_ctx) + ": the KV cache would need " +
+                        std::to_string(kv_bytes >> 20) + " MiB, more than this machine's " +
+                        std::to_string(ram >> 20) + " MiB of memory");
     const auto& ex = m.file->experts();
     std::fprintf(stderr,
                  "minids %s: %lld layers, hidden %lld, %lld heads, kv_lora_rank %lld, vocab %lld; "
