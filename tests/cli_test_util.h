@@ -31,6 +31,22 @@ inline std::string slurp(const std::filesystem::path& p) {
     return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
+// Limits for a run of the binary under hostile conditions: a wall-clock timeout (a hang shows as
+// a kill, status -1), and optionally ulimit -v (KiB of address space) and -f (512-byte blocks), a
+// working directory, and a signal sent after `signal_after_s` seconds (the status is then the
+// exit status the binary chose, e.g. 130 or 143).
+struct RunLimits {
+    int timeout_s = 120;
+    long vmem_kib = 0;
+    long file_blocks = 0;
+    std::filesystem::path cwd{};
+    const char* signal = nullptr;  // "TERM", "HUP", "SEGV", ...
+    double signal_after_s = 0;
+};
+
+inline CliResult run_minids(const std::vector<std::string>& args, const std::string& stdin_text,
+                            const RunLimits& limits);
+
 inline CliResult run_minids(const std::vector<std::string>& args,
                             const std::string& stdin_text = {}) {
     TempDir io;
@@ -49,6 +65,43 @@ inline CliResult run_minids(const std::vector<std::string>& args,
     const int raw = std::system(cmd.c_str());
     CliResult r;
     r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
+    r.out = slurp(io.path / "out");
+    r.err = slurp(io.path / "err");
+    return r;
+}
+
+inline CliResult run_minids(const std::vector<std::string>& args, const std::string& stdin_text,
+                            const RunLimits& limits) {
+    TempDir io;
+    std::ofstream(io.path / "in", std::ios::binary) << stdin_text;
+    std::string command = shell_quote(minids_binary().string());
+    for (const auto& a : args) {
+        command.push_back(' ');
+        command.append(shell_quote(a));
+    }
+    std::string script;
+    if (!limits.cwd.empty()) script += "cd " + shell_quote(limits.cwd.string()) + " && ";
+    if (limits.vmem_kib) script += "ulimit -v " + std::to_string(limits.vmem_kib) + " && ";
+    if (limits.file_blocks) script += "ulimit -f " + std::to_string(limits.file_blocks) + " && ";
+    // KILL after the timeout: a hang must not pass as a clean exit.
+    const std::string timed = "timeout -s KILL " + std::to_string(limits.timeout_s) + " " + command;
+    if (limits.signal) {
+        script += timed + " & pid=$!; sleep " + std::to_string(limits.signal_after_s) +
+                  "; pkill -" + limits.signal + " -P $pid; wait $pid";
+    } else {
+        script += "exec " + timed;
+    }
+    std::string cmd = "sh -c " + shell_quote(script);
+    for (const auto& [redirect, file] :
+         {std::pair{" <", "in"}, std::pair{" >", "out"}, std::pair{" 2>", "err"}}) {
+        cmd.append(redirect);
+        cmd.append(shell_quote((io.path / file).string()));
+    }
+    const int raw = std::system(cmd.c_str());
+    CliResult r;
+    r.status = (raw != -1 && WIFEXITED(raw)) ? WEXITSTATUS(raw) : -1;
+    // timeout says 124 (timed out) or 128 + the signal (the child was killed): not clean exits.
+    if (!limits.signal && (r.status == 124 || r.status > 128)) r.status = -1;
     r.out = slurp(io.path / "out");
     r.err = slurp(io.path / "err");
     return r;

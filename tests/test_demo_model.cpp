@@ -22,7 +22,7 @@ using namespace minids;
 
 namespace {
 
-std::filesystem::path demo_dir() { return test::data_dir().parent_path().parent_path() / "models"; }
+std::filesystem::path demo_dir() { return test::models_dir(); }
 
 nlohmann::json load_reference() {
     std::ifstream f(demo_dir() / "demo.reference.json");

@@ -21,6 +21,10 @@ inline std::filesystem::path env_or(const char* name, const char* fallback) {
 }
 inline std::filesystem::path data_dir() { return env_or("MINIDS_TEST_DATA", MINIDS_TEST_DATA); }
 inline std::filesystem::path minids_binary() { return env_or("MINIDS_BINARY", MINIDS_BINARY); }
+// models/ of the checkout (the demo model and its reference), beside tests/data.
+inline std::filesystem::path models_dir() {
+    return data_dir().parent_path().parent_path() / "models";
+}
 
 // A fresh temporary directory, removed when the object goes out of scope.
 struct TempDir {

@@ -42,23 +42,26 @@ void print_stats(const char* what, const std::string& out, const convert::Conver
 int run_convert(const ConvertArgs& a) {
     mgl::dtype expert_dtype{};
     if (!convert::parse_expert_dtype(a.expert_dtype, expert_dtype)) {
-        std::fprintf(stderr, "minids convert: --expert-dtype: expected fp8 or bf16, found \"%s\"\n",
+        std::fprintf(stderr,
+                     "minids convert: error: --expert-dtype: expected fp8 or bf16, found \"%s\"\n",
                      a.expert_dtype.c_str());
         return exit_bad_input;
     }
     if (a.synthetic.empty() == a.hf_dir.empty()) {
         std::fprintf(
-            stderr, "minids convert: expected either HF_DIR or --synthetic PRESET (exactly one)\n");
+            stderr,
+            "minids convert: error: expected either HF_DIR or --synthetic PRESET (exactly one)\n");
         return exit_bad_input;
     }
     if (a.threads < 0) {
-        std::fprintf(stderr,
-                     "minids convert: --threads: expected 0 (all) or a positive count, found %d\n",
-                     a.threads);
+        std::fprintf(
+            stderr,
+            "minids convert: error: --threads: expected 0 (all) or a positive count, found %d\n",
+            a.threads);
         return exit_bad_input;
     }
     if (a.out.empty() && !a.dry_run) {
-        std::fprintf(stderr, "minids convert: expected an output file (-o OUT.mds)\n");
+        std::fprintf(stderr, "minids convert: error: expected an output file (-o OUT.mds)\n");
         return exit_bad_input;
     }
     try {
@@ -76,8 +79,9 @@ int run_convert(const ConvertArgs& a) {
             print_stats(a.dry_run ? "would write" : "wrote", o.out.string(), st, a.dry_run);
         } else {
             if (a.dry_run) {
-                std::fprintf(stderr,
-                             "minids convert: --dry-run is only supported with --synthetic\n");
+                std::fprintf(
+                    stderr,
+                    "minids convert: error: --dry-run is only supported with --synthetic\n");
                 return exit_bad_input;
             }
             convert::ConvertOptions o;
@@ -94,16 +98,16 @@ int run_convert(const ConvertArgs& a) {
         std::fprintf(stderr, "\nminids convert: interrupted; no output written\n");
         return exit_interrupted;
     } catch (const convert::InputError& e) {
-        std::fprintf(stderr, "minids convert: %s\n", e.what());
+        std::fprintf(stderr, "minids convert: error: %s\n", e.what());
         return exit_bad_input;
     } catch (const mds::WriterError& e) {
-        std::fprintf(stderr, "minids convert: %s\n", e.what());
+        std::fprintf(stderr, "minids convert: error: %s\n", e.what());
         return exit_failure;
     } catch (const std::bad_alloc&) {  // resource limits: one line, no output left behind
-        std::fprintf(stderr, "minids convert: out of memory (fewer --threads need less)\n");
+        std::fprintf(stderr, "minids convert: error: out of memory (fewer --threads need less)\n");
         return exit_failure;
     } catch (const std::system_error& e) {
-        std::fprintf(stderr, "minids convert: %s\n", e.what());
+        std::fprintf(stderr, "minids convert: error: %s\n", e.what());
         return exit_failure;
     }
     return exit_ok;

@@ -163,7 +163,7 @@ int run_info(const InfoOptions& o) {
     try {
         m = mds::MdsFile::open(o.model);
     } catch (const mds::FileError& e) {
-        std::fprintf(stderr, "minids info: %s\n", e.what());
+        std::fprintf(stderr, "minids info: error: %s\n", e.what());
         return exit_bad_input;
     }
     const Sizes s = compute_sizes(*m);
@@ -203,7 +203,7 @@ int run_info(const InfoOptions& o) {
         std::printf("verify:      FAILED, %zu problem(s)\n", result.problems.size());
     }
     if (!result.ok) {
-        std::fprintf(stderr, "minids info: %s is corrupt: %zu problem(s), listed above\n",
+        std::fprintf(stderr, "minids info: error: %s is corrupt: %zu problem(s), listed above\n",
                      o.model.c_str(), result.problems.size());
         return exit_bad_input;
     }

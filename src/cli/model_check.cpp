@@ -12,7 +12,7 @@ CheckedModel check_model(std::unique_ptr<mds::MdsFile> file) {
     try {
         m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
     } catch (const TokenizerError& e) {
-        throw mds::FileError(path + ": tokenizer: " + e.what());
+        throw mds::FileError(path + ": " + e.what());
     }
     const Tokenizer& tok = *m.tokenizer;
     const std::string& source = tok.data().chat_template;

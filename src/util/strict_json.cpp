@@ -19,6 +19,9 @@ nlohmann::json parse_json_strict(std::string_view text, int max_depth) {
     std::string duplicate;
     int too_deep = 0;
     auto on_event = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
+        // Only the first problem counts: once a value is discarded the parser's events no longer
+        // balance, and a later "duplicate" can be an artefact of that.
+        if (!duplicate.empty() || too_deep) return false;
         if (depth > max_depth) too_deep = depth;
         switch (event) {
             case json::parse_event_t::object_start:
