@@ -113,12 +113,12 @@ TEST_CASE("safetensors: hostile headers are refused by name") {
     SUBCASE("duplicate tensor names") {
         std::string h = R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
                             "w": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 8]}})";
-        CHECK(raw_error(dir, h, 8).find("duplicate JSON key \"w\"") != std::string::npos);
+        CHECK(raw_error(dir, h, 8).find("the key \"w\" twice") != std::string::npos);
     }
     SUBCASE("duplicate keys inside a tensor entry") {
         std::string h =
             R"({"w": {"dtype": "BF16", "dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})";
-        CHECK(raw_error(dir, h, 4).find("duplicate JSON key \"dtype\"") != std::string::npos);
+        CHECK(raw_error(dir, h, 4).find("the key \"dtype\" twice") != std::string::npos);
     }
     SUBCASE("offsets past the end") {
         std::string h = R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}})";

@@ -143,8 +143,8 @@ void check_output_file(const fs::path& path, bool overwrite) {
         fail(path, "the output file already exists (use --force to overwrite it)");
     const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
     if (!fs::is_directory(dir, ec))
-        fail(path,
-             "expected an existing directory to write into, found no directory " + dir.string());
+        fail(path, "expected an existing directory to write into, found that " + dir.string() +
+                       " does not exist");
     // Whether a file can really be created there (permissions, read-only file systems).
     const fs::path probe = temp_path_for(path);
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
