@@ -19,6 +19,9 @@
 //                  (FP32 accumulate and output); f8 weights are dequantized (scale folded in) to
 //                  BF16 in the workspace, in row chunks of at most 64 MiB; f32 weights run FP32
 //                  (pedantic: never TF32). Expect ~3e-3 relative error from the BF16 inputs.
+//                  Not FP8 tensor cores: on Hopper both operands of an FP8 MMA are 8-bit, so x
+//                  would be rounded to e4m3 (~3 % per element), and per-row weight scales would
+//                  need an extra epilogue; the dequantization costs one pass over W per call.
 //
 // Graph capture: no path allocates, synchronizes or reads device values on the host, so every
 // call may be captured into a CUDA graph. The caller owns the workspace:

@@ -114,6 +114,7 @@ struct Problem {
     std::vector<double> residual_at;  // residual per valid output
     std::vector<float> residual;      // y's layout, NaN in the padding
     std::vector<uint8_t> y_valid;     // 1 where y holds an output
+    std::vector<double> w_dec;        // W_real [B or 1, N, K]
 };
 
 Problem make_problem(const Case& c) {
@@ -203,6 +204,7 @@ Problem make_problem(const Case& c) {
                 if (c.residual) pr.residual[at] = res[at];
             }
         }
+    pr.w_dec = wdec;
     pr.p.batch = c.batch;
     pr.p.m = c.m;
     pr.p.n = c.n;
@@ -556,5 +558,81 @@ TEST_CASE("cuda matmul replays from a captured CUDA graph" * doctest::skip(no_gp
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     cudaFree(cublas_ws);
+}
+TEST_CASE("cuda matmul with PDL waits for the kernel that produces x" * doctest::skip(no_gpu)) {
+    // y1 = W1 · x (45 MB of weights: long enough that an early read of y1 would see NaN), then
+    // y2 = W2 · y1, both launched with programmatic dependent launch, eagerly and from a graph.
+    Cublas blas;
+    Case c1;
+    c1.n = 2048;
+    c1.k = 10944;
+    c1.seed = 1000;
+    Case c2;
+    c2.n = 64;
+    c2.k = 2048;
+    c2.residual = true;
+    c2.seed = 1010;
+    const Problem first = make_problem(c1), second = make_problem(c2);
+    DeviceArray<uint8_t> dw1(first.w_bytes), dw2(second.w_bytes);
+    DeviceArray<float> dx(first.x), dy1(first.y0), dy2(second.y0), dres(second.residual);
+    kernels::MatmulParams p1 = first.p, p2 = second.p;
+    p1.w = dw1.ptr;
+    p1.x = dx.ptr;
+    p1.y = dy1.ptr;
+    p2.w = dw2.ptr;
+    p2.x = dy1.ptr;
+    p2.y = dy2.ptr;
+    p2.residual = dres.ptr;
+    p1.pdl = p2.pdl = true;
+    Workspace ws1(kernels::matmul_workspace_bytes(p1)), ws2(kernels::matmul_workspace_bytes(p2));
+    // Reference: W2 · (W1 · x) + residual from the exact y1.
+    std::vector<double> want(size_t(c2.n));
+    for (int64_t n = 0; n < c2.n; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < c2.k; ++k)
+            acc += second.w_dec[size_t(n * c2.k + k)] * first.product[size_t(k)];
+        want[size_t(n)] = acc;
+    }
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto launch_both = [&] {
+        kernels::matmul(p1, {blas.h, ws1.ptr, ws1.bytes}, stream);
+        kernels::matmul(p2, {blas.h, ws2.ptr, ws2.bytes}, stream);
+    };
+    auto check = [&](const char* how) {
+        INFO(how);
+        const auto y = dy2.download();
+        std::vector<float> got(size_t(c2.n));
+        for (size_t i = 0; i < got.size(); ++i)
+            got[i] = float(double(y[second.y_index[i]]) - second.residual_at[i]);
+        const double err = test::relative_l2(got, want);
+        INFO("relative L2 " << err);
+        CHECK(err < 2e-5);
+        CHECK(ws1.counters_zero());
+        CHECK(ws2.counters_zero());
+    };
+    for (int rep = 0; rep < 3; ++rep) {
+        dy1.upload(first.y0);  // NaN
+        dy2.upload(second.y0);
+        launch_both();
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        check("eager");
+    }
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    launch_both();
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+        dy1.upload(first.y0);
+        dy2.upload(second.y0);
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        check("graph");
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
 }
 #endif  // MINIDS_HAVE_CUDA
