@@ -5,74 +5,78 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "mla_attn_tc.cuh"  // cp.async helpers
 #include "mla_internal.cuh"
 
 namespace minids::kernels {
 namespace mla_detail {
 namespace {
 
-// ---- CUDA-core kernel: 16 rows x 64 keys per tile, f32 math throughout ----------------------
+// ---- CUDA-core kernel: 16 rows x 32 keys per tile, f32 math throughout ----------------------
+// Cache rows are copied raw (cp.async, double buffered) and converted when read.
 constexpr int simt_rows = 16;
-constexpr int simt_keys = 64;
+constexpr int simt_keys = 32;
 constexpr int simt_threads = 256;
 
-// f32 elements between rows in shared memory: >= width, = 4 mod 32 so that the float4 reads of
-// 8 lanes with different keys fall in different banks.
-__host__ __device__ inline int simt_row_stride(int width) { return (width + 31) / 32 * 32 + 4; }
-
-size_t simt_smem_bytes(int width) {
-    return 4 * (size_t(simt_rows + simt_keys) * size_t(simt_row_stride(width)) +
-                size_t(simt_rows) * simt_keys + 4 * simt_rows);
+// Elements between cache rows in shared memory: >= width, rows 16-byte aligned, and the rows of
+// consecutive keys (lanes) spread over the banks: 16 bytes mod 128 (f32), 16 mod 128 (bf16,
+// 8-byte reads: a 2-way conflict, acceptable for the reference path).
+template <typename PageT>
+__host__ __device__ inline int simt_row_stride(int width) {
+    return sizeof(PageT) == 4 ? (width + 31) / 32 * 32 + 4 : (width + 63) / 64 * 64 + 8;
 }
 
 template <typename PageT>
-__device__ void simt_load_tile(const AttnArgs& a, float* dst, int ks, int k0, int k_end) {
+size_t simt_smem_bytes(int width) {
+    return size_t(simt_rows) * width * 4 +
+           2 * size_t(simt_keys) * size_t(simt_row_stride<PageT>(width)) * sizeof(PageT) +
+           4 * (size_t(simt_rows) * simt_keys + 4 * simt_rows);
+}
+
+__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load4(const __nv_bfloat16* p) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ inline float to_f32(float v) { return v; }
+__device__ inline float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float dot4(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// simt_keys cache rows from key k0 into dst (raw, row stride ks); keys >= k_end read as zeros.
+template <typename PageT>
+__device__ void simt_load_tile(const AttnArgs& a, PageT* dst, int ks, int k0, int k_end) {
     const int width = a.r + a.rope;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int per_chunk = 16 / int(sizeof(PageT));
     const PageT* pages = static_cast<const PageT*>(a.pages);
     for (int kr = warp; kr < simt_keys; kr += simt_threads / 32) {
         const int key = k0 + kr;
         const int64_t row =
             key < k_end ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key) : -1;
-        float* d = dst + kr * ks;
-        if constexpr (sizeof(PageT) == 4) {
-            const float4* src =
-                reinterpret_cast<const float4*>(pages + (row < 0 ? 0 : row * width));
-            for (int ch = lane; ch < width / 4; ch += 32)
-                reinterpret_cast<float4*>(d)[ch] =
-                    row < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldg(src + ch);
-        } else {
-            const uint4* src = reinterpret_cast<const uint4*>(pages + (row < 0 ? 0 : row * width));
-            for (int ch = lane; ch < width / 8; ch += 32) {
-                uint4 v = row < 0 ? make_uint4(0, 0, 0, 0) : __ldg(src + ch);
-                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-                float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-                float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-                reinterpret_cast<float4*>(d)[2 * ch] = make_float4(f0.x, f0.y, f1.x, f1.y);
-                reinterpret_cast<float4*>(d)[2 * ch + 1] = make_float4(f2.x, f2.y, f3.x, f3.y);
-            }
-        }
+        const PageT* src = pages + (row < 0 ? 0 : row * width);
+        for (int ch = lane; ch < width / per_chunk; ch += 32)
+            cp_async_16(dst + kr * ks + ch * per_chunk, src + ch * per_chunk, row < 0 ? 0 : 16);
     }
 }
 
-__device__ inline float dot4(float4 a, float4 b) {
-    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-}
-
-// Warp w owns rows w and w + 8 for Q·Kᵀ and the softmax (lanes: keys lane and lane + 32);
-// thread i owns output columns i and i + 256 of all 16 rows for P·V.
+// Warp w owns rows w and w + 8 for Q·Kᵀ and the softmax (lane = key); thread i owns output
+// columns i and i + 256 of all 16 rows for P·V.
 template <typename PageT>
 __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnArgs a) {
-    extern __shared__ __align__(16) float fsm[];
+    extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int n_keys_slot, block_max_limit;
-    const int width = a.r + a.rope, ks = simt_row_stride(width);
-    float* q_s = fsm;                                      // [16][ks]
-    float* kv_s = q_s + simt_rows * ks;                    // [64][ks]
-    float* p_s = kv_s + simt_keys * ks;                    // [16][64]
-    float* alpha_s = p_s + simt_rows * simt_keys;          // [16]
-    float* m_s = alpha_s + simt_rows;                      // [16]
-    float* l_s = m_s + simt_rows;                          // [16]
-    int* lim_s = reinterpret_cast<int*>(l_s + simt_rows);  // [16]
+    const int width = a.r + a.rope, ks = simt_row_stride<PageT>(width);
+    float* q_s = reinterpret_cast<float*>(smem);                       // [16][width]
+    PageT* kv_s = reinterpret_cast<PageT*>(q_s + simt_rows * width);   // [2][32][ks]
+    float* p_s = reinterpret_cast<float*>(kv_s + 2 * simt_keys * ks);  // [16][32]
+    float* alpha_s = p_s + simt_rows * simt_keys;                      // [16]
+    float* m_s = alpha_s + simt_rows;                                  // [16]
+    float* l_s = m_s + simt_rows;                                      // [16]
+    int* lim_s = reinterpret_cast<int*>(l_s + simt_rows);              // [16]
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t rows_total = int64_t(a.T) * a.H;
@@ -90,6 +94,12 @@ __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnA
         lim_s[tid] = row_limit(a, row0 + tid, n_keys);
         atomicMax(&block_max_limit, lim_s[tid]);
     }
+    __syncthreads();
+    const int s_begin = split * plan.chunk, s_hi = s_begin + plan.chunk;
+    const int s_end = min(s_hi, block_max_limit + 1);
+    const int n_tiles = s_end > s_begin ? (s_end - s_begin + simt_keys - 1) / simt_keys : 0;
+    if (n_tiles > 0) simt_load_tile<PageT>(a, kv_s, ks, s_begin, s_end);
+    cp_async_commit();
     for (int idx = tid; idx < simt_rows * width; idx += simt_threads) {
         const int i = idx / width, col = idx % width;
         const int64_t row = row0 + i;
@@ -99,11 +109,8 @@ __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnA
             v = col < a.r ? a.q_lat[t * a.q_lat_st + h * a.q_lat_sh + col]
                           : a.q_pe[t * a.q_pe_st + h * a.q_pe_sh + (col - a.r)];
         }
-        q_s[i * ks + col] = v;
+        q_s[idx] = v;
     }
-    __syncthreads();
-    const int s_begin = split * plan.chunk, s_hi = s_begin + plan.chunk;
-    const int s_end = min(s_hi, block_max_limit + 1);
     const int lim0 = lim_s[warp], lim1 = lim_s[warp + 8];
 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -112,52 +119,47 @@ __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnA
     for (int i = 0; i < simt_rows; ++i) o[i][0] = o[i][1] = 0.f;
     const int d0 = tid, d1 = tid + simt_threads;
 
-    for (int k0 = s_begin; k0 < s_end; k0 += simt_keys) {
-        __syncthreads();  // the previous tile's P·V is done with kv_s and p_s
-        simt_load_tile<PageT>(a, kv_s, ks, k0, s_end);
-        __syncthreads();
-        // Scores for rows (warp, warp + 8) x keys (lane, lane + 32).
-        float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-        const float* qa = q_s + warp * ks;
-        const float* qb = q_s + (warp + 8) * ks;
-        const float* ka = kv_s + lane * ks;
-        const float* kb = kv_s + (lane + 32) * ks;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<0>();
+        __syncthreads();  // this tile (and Q) visible; the other stage and p_s are free
+        if (tile + 1 < n_tiles)
+            simt_load_tile<PageT>(a, kv_s + ((tile + 1) % 2) * simt_keys * ks, ks,
+                                  s_begin + (tile + 1) * simt_keys, s_end);
+        cp_async_commit();
+        const PageT* kv = kv_s + (tile % 2) * simt_keys * ks;
+        const int k0 = s_begin + tile * simt_keys;
+        // Scores for rows (warp, warp + 8) x key lane.
+        float acc0 = 0.f, acc1 = 0.f;
+        const float* qa = q_s + warp * width;
+        const float* qb = q_s + (warp + 8) * width;
+        const PageT* kr = kv + lane * ks;
         for (int f = 0; f < width; f += 4) {
-            const float4 x0 = *reinterpret_cast<const float4*>(qa + f);
-            const float4 x1 = *reinterpret_cast<const float4*>(qb + f);
-            const float4 y0 = *reinterpret_cast<const float4*>(ka + f);
-            const float4 y1 = *reinterpret_cast<const float4*>(kb + f);
-            acc[0][0] += dot4(x0, y0);
-            acc[0][1] += dot4(x0, y1);
-            acc[1][0] += dot4(x1, y0);
-            acc[1][1] += dot4(x1, y1);
+            const float4 k4 = load4(kr + f);
+            acc0 += dot4(load4(qa + f), k4);
+            acc1 += dot4(load4(qb + f), k4);
         }
         // Online softmax of the two rows, whole warp.
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const int lim = hh ? lim1 : lim0;
-            float s[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = k0 + lane + 32 * e;
-                s[e] = (key <= lim && key < s_hi) ? acc[hh][e] * a.scale_log2 : -INFINITY;
-            }
-            float mx = fmaxf(s[0], s[1]);
+            const int key = k0 + lane;
+            const float s = (key <= (hh ? lim1 : lim0) && key < s_hi)
+                                ? (hh ? acc1 : acc0) * a.scale_log2
+                                : -INFINITY;
+            float mx = s;
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
             const float m_new = fmaxf(m_run[hh], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             const float alpha = exp2f(m_run[hh] - m_use);
-            const float p0 = exp2f(s[0] - m_use), p1 = exp2f(s[1] - m_use);
-            float sum = p0 + p1;
+            const float p = exp2f(s - m_use);
+            float sum = p;
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
             m_run[hh] = m_new;
             l_run[hh] = l_run[hh] * alpha + sum;
             const int lr = warp + 8 * hh;
-            p_s[lr * simt_keys + lane] = p0;
-            p_s[lr * simt_keys + lane + 32] = p1;
+            p_s[lr * simt_keys + lane] = p;
             if (lane == 0) alpha_s[lr] = alpha;
         }
         __syncthreads();
@@ -167,22 +169,24 @@ __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnA
             o[i][0] *= alpha_s[i];
             o[i][1] *= alpha_s[i];
         }
-        const int n_here = min(simt_keys, s_end - k0);
-        for (int kk = 0; kk < n_here; kk += 4) {
-            float v0[4], v1[4];
+        if (d0 < a.r) {
+            for (int kk = 0; kk < simt_keys; kk += 4) {
+                float v0[4], v1[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                v0[j] = d0 < a.r ? kv_s[(kk + j) * ks + d0] : 0.f;
-                v1[j] = d1 < a.r ? kv_s[(kk + j) * ks + d1] : 0.f;
-            }
+                for (int j = 0; j < 4; ++j) {
+                    v0[j] = to_f32(kv[(kk + j) * ks + d0]);
+                    v1[j] = d1 < a.r ? to_f32(kv[(kk + j) * ks + d1]) : 0.f;
+                }
 #pragma unroll
-            for (int i = 0; i < simt_rows; ++i) {
-                const float4 p = *reinterpret_cast<const float4*>(p_s + i * simt_keys + kk);
-                o[i][0] += p.x * v0[0] + p.y * v0[1] + p.z * v0[2] + p.w * v0[3];
-                o[i][1] += p.x * v1[0] + p.y * v1[1] + p.z * v1[2] + p.w * v1[3];
+                for (int i = 0; i < simt_rows; ++i) {
+                    const float4 p = *reinterpret_cast<const float4*>(p_s + i * simt_keys + kk);
+                    o[i][0] += p.x * v0[0] + p.y * v0[1] + p.z * v0[2] + p.w * v0[3];
+                    o[i][1] += p.x * v1[0] + p.y * v1[1] + p.z * v1[2] + p.w * v1[3];
+                }
             }
         }
     }
+    cp_async_wait<0>();
     if (lane == 0) {
         m_s[warp] = m_run[0];
         m_s[warp + 8] = m_run[1];
@@ -203,10 +207,14 @@ __global__ void __launch_bounds__(simt_threads) mla_attn_simt_kernel(const AttnA
 }
 
 // ---- merge: out[row] = Σ_s w_s · o_s[row], w_s = 2^(lse_s − lse) over the used splits ---------
-constexpr int merge_threads = 128;
+// Grid (rows, r / 128): many small blocks, so the few rows of a decode step still spread over
+// the SMs (each block reads n_split x 512 bytes).
+constexpr int merge_threads = 64;
+constexpr int merge_cols = 2 * merge_threads;
 
 __global__ void __launch_bounds__(merge_threads) mla_merge_kernel(const AttnArgs a) {
     extern __shared__ float weight[];  // [max_splits]
+    __shared__ float total_max, total_inv;
     const int n_split = *a.ws_n_split;
     if (n_split <= 1) return;  // the attention kernel wrote out directly
     const int64_t rows_total = int64_t(a.T) * a.H;
@@ -214,7 +222,6 @@ __global__ void __launch_bounds__(merge_threads) mla_merge_kernel(const AttnArgs
     for (int s = threadIdx.x; s < n_split; s += merge_threads)
         weight[s] = a.ws_lse[int64_t(s) * rows_total + row];
     __syncthreads();
-    __shared__ float total_max, total_sum;
     if (threadIdx.x < 32) {
         float mx = -INFINITY;
         for (int s = threadIdx.x; s < n_split; s += 32) mx = fmaxf(mx, weight[s]);
@@ -228,32 +235,38 @@ __global__ void __launch_bounds__(merge_threads) mla_merge_kernel(const AttnArgs
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
         if (threadIdx.x == 0) {
             total_max = m_use;
-            total_sum = sum;
+            total_inv = sum > 0.f ? 1.f / sum : 0.f;
         }
     }
     __syncthreads();
-    const float inv = total_sum > 0.f ? 1.f / total_sum : 0.f;
     for (int s = threadIdx.x; s < n_split; s += merge_threads)
-        weight[s] = exp2f(weight[s] - total_max) * inv;
+        weight[s] = exp2f(weight[s] - total_max) * total_inv;
     __syncthreads();
-    float* dst = a.out + (row / a.H) * a.out_st + (row % a.H) * a.out_sh;
-    for (int d = threadIdx.x * 4; d < a.r; d += merge_threads * 4) {
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < n_split; ++s) {
-            const float w = weight[s];
-            if (w == 0.f) continue;  // empty split: its partial is zeros anyway
-            const float4 v = *reinterpret_cast<const float4*>(
-                a.ws_o + (int64_t(s) * rows_total + row) * a.r + d);
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
+    const int d = blockIdx.y * merge_cols + 2 * threadIdx.x;
+    if (d >= a.r) return;
+    const float* src = a.ws_o + row * a.r + d;
+    const int64_t split_stride = rows_total * a.r;
+    float2 acc = make_float2(0.f, 0.f);
+    int s = 0;
+    for (; s + 4 <= n_split; s += 4) {  // four loads in flight
+        float2 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            v[j] = *reinterpret_cast<const float2*>(src + int64_t(s + j) * split_stride);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            acc.x += weight[s + j] * v[j].x;
+            acc.y += weight[s + j] * v[j].y;
         }
-        dst[d] = acc.x;
-        dst[d + 1] = acc.y;
-        dst[d + 2] = acc.z;
-        dst[d + 3] = acc.w;
     }
+    for (; s < n_split; ++s) {
+        const float2 v = *reinterpret_cast<const float2*>(src + int64_t(s) * split_stride);
+        acc.x += weight[s] * v.x;
+        acc.y += weight[s] * v.y;
+    }
+    float* dst = a.out + (row / a.H) * a.out_st + (row % a.H) * a.out_sh + d;
+    dst[0] = acc.x;
+    dst[1] = acc.y;
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -288,8 +301,8 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
             " rows, page table of " + std::to_string(c.max_pages) + ": sizes out of range");
     if (p.T < 1 || p.H < 1 || p.T * p.H > INT32_MAX / 2)
         bad("T = " + std::to_string(p.T) + ", H = " + std::to_string(p.H) + " out of range");
-    if (p.max_splits < 1 || p.max_splits > 65535)
-        bad("max_splits = " + std::to_string(p.max_splits) + ", need 1 .. 65535");
+    if (p.max_splits < 1 || p.max_splits > 4096)
+        bad("max_splits = " + std::to_string(p.max_splits) + ", need 1 .. 4096");
     const size_t need = mla_attn_workspace_bytes(p.T, p.H, r, p.max_splits);
     if (need > 0 && (!p.workspace || p.workspace_bytes < need))
         bad("workspace of " + std::to_string(p.workspace_bytes) + " bytes, need " +
@@ -351,17 +364,18 @@ void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
                 mgl::dtype_name(p.cache.type) + " pages");
         fn(a, p.max_splits, stream);
     } else {
-        const size_t smem = simt_smem_bytes(a.r + a.rope);
-        auto k = p.cache.type == mgl::dtype::bf16 ? mla_attn_simt_kernel<__nv_bfloat16>
-                                                  : mla_attn_simt_kernel<float>;
+        const bool bf16 = p.cache.type == mgl::dtype::bf16;
+        const size_t smem = bf16 ? simt_smem_bytes<__nv_bfloat16>(a.r + a.rope)
+                                 : simt_smem_bytes<float>(a.r + a.rope);
+        auto k = bf16 ? mla_attn_simt_kernel<__nv_bfloat16> : mla_attn_simt_kernel<float>;
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         dim3 grid(unsigned((p.T * p.H + simt_rows - 1) / simt_rows), unsigned(p.max_splits));
         k<<<grid, simt_threads, smem, stream>>>(a);
         CUDA_CHECK_LAUNCH();
     }
     if (p.max_splits > 1) {
-        mla_merge_kernel<<<unsigned(p.T * p.H), merge_threads, size_t(p.max_splits) * 4, stream>>>(
-            a);
+        const dim3 grid(unsigned(p.T * p.H), unsigned((a.r + merge_cols - 1) / merge_cols));
+        mla_merge_kernel<<<grid, merge_threads, size_t(p.max_splits) * 4, stream>>>(a);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -379,7 +393,7 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
     const int64_t rows_per_tile = kernel == MlaKernel::decode ? 16 : 64;
     const int64_t tiles = (T * H + rows_per_tile - 1) / rows_per_tile;
     const int64_t n = mla_detail::sm_count() / (tiles > 0 ? tiles : 1);
-    return int(n < 1 ? 1 : (n > 65535 ? 65535 : n));
+    return int(n < 1 ? 1 : (n > 4096 ? 4096 : n));
 }
 
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream) {

@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
     if (split >= plan.n_split) return;  // idle split: uniform over the block
     const bool direct = plan.n_split == 1;
 
-    // Row limits, Q (bf16, zero-padded) and the zero padding columns of every K stage.
+    // Row limits and this block's key range; the first tiles' loads go out before Q is read,
+    // so the two latencies overlap.
     const int width = a.r + a.rope;
     __shared__ int block_max_limit;
     if (tid == 0) block_max_limit = -1;
@@ -161,29 +162,49 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         lim_s[i] = row_limit(a, row0 + i, n_keys);
         atomicMax(&block_max_limit, lim_s[i]);
     }
-    for (int idx = tid; idx < ROWS * (ks / 2); idx += S::threads) {
-        const int i = idx / (ks / 2), col = 2 * (idx % (ks / 2));
-        const int64_t row = row0 + i;
-        float v0 = 0.f, v1 = 0.f;
-        if (row < rows_total && col < width) {
-            const int64_t t = row / a.H, h = row % a.H;
-            const float* src = col < a.r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
-                                         : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - a.r);
-            v0 = src[0];
-            v1 = src[1];
+    __syncthreads();
+    const int s_begin = split * plan.chunk;
+    const int s_hi = s_begin + plan.chunk;  // keys of this split: [s_begin, s_hi)
+    const int s_end = min(s_hi, block_max_limit + 1);
+    const int n_tiles = s_end > s_begin ? (s_end - s_begin + KT - 1) / KT : 0;
+#pragma unroll
+    for (int st = 0; st < S::STAGES - 1; ++st) {
+        if (st < n_tiles)
+            load_kv_tile<S, PageT>(a, kv_s + st * KT * ks, ks, s_begin + st * KT, s_end);
+        cp_async_commit();
+    }
+
+    // Q as bf16, zero-padded to ks columns; four pairs in flight per thread. The zero padding
+    // columns of every K stage (never written by the loads) are set here too; the main loop's
+    // first barrier publishes both.
+    const int half_ks = ks / 2, n_pairs = ROWS * half_ks;
+    for (int base = tid; base < n_pairs; base += 4 * S::threads) {
+        float2 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = base + j * S::threads;
+            const int i = idx / half_ks, col = 2 * (idx % half_ks);
+            const int64_t row = row0 + i;
+            v[j] = make_float2(0.f, 0.f);
+            if (idx < n_pairs && row < rows_total && col < width) {
+                const int64_t t = row / a.H, h = row % a.H;
+                const float* src = col < a.r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
+                                             : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - a.r);
+                v[j] = make_float2(src[0], src[1]);
+            }
         }
-        *reinterpret_cast<uint32_t*>(q_s + i * ks + col) = pack_bf16(v0, v1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = base + j * S::threads;
+            if (idx < n_pairs)
+                *reinterpret_cast<uint32_t*>(q_s + (idx / half_ks) * ks + 2 * (idx % half_ks)) =
+                    pack_bf16(v[j].x, v[j].y);
+        }
     }
     const int pad_cols = ks - width;
     for (int idx = tid; idx < S::STAGES * KT * pad_cols; idx += S::threads) {
         kv_s[(idx / pad_cols) * ks + width + idx % pad_cols] = __float2bfloat16_rn(0.f);
     }
-    __syncthreads();
-
-    const int s_begin = split * plan.chunk;
-    const int s_hi = s_begin + plan.chunk;  // keys of this split: [s_begin, s_hi)
-    const int s_end = min(s_hi, block_max_limit + 1);
-    const int n_tiles = s_end > s_begin ? (s_end - s_begin + KT - 1) / KT : 0;
 
     int lim[MT][2];
 #pragma unroll
@@ -204,13 +225,6 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         for (int n = 0; n < S::o_ntiles; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[mt][n][e] = 0.f;
-    }
-
-#pragma unroll
-    for (int st = 0; st < S::STAGES - 1; ++st) {
-        if (st < n_tiles)
-            load_kv_tile<S, PageT>(a, kv_s + st * KT * ks, ks, s_begin + st * KT, s_end);
-        cp_async_commit();
     }
 
     const int k_steps = (width + 15) / 16;

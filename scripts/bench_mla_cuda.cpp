@@ -214,9 +214,7 @@ int main() {
     float* q_pe = dev_upload(q_pe_h);
     float* out = dev_alloc<float>(size_t(H * R));
     int32_t* pos_dev = dev_alloc<int32_t>(512);
-    const int max_ws_splits = 4 * n_sm;
-    const size_t ws_bytes = mla_attn_workspace_bytes(512, H, R, 2 * n_sm) +
-                            mla_attn_workspace_bytes(1, H, R, max_ws_splits);
+    const size_t ws_bytes = mla_attn_workspace_bytes(1, H, R, 4 * n_sm);  // prefill uses 1 split
     void* ws = dev_alloc<uint8_t>(ws_bytes);
 
     std::vector<DecodeConfig> configs;
