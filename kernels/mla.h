@@ -107,7 +107,7 @@ struct MlaAttnParams {
     int64_t T = 0;
     int64_t H = 0;
     float scale = 1.0f;
-    int max_splits = 1;          // grid size over the keys; fixed per captured graph
+    int max_splits = 1;          // grid over the keys, 1 .. 4096; fixed per captured graph
     int min_keys_per_split = 0;  // 0: default (64); fewer keys -> fewer splits used
     MlaImpl impl = MlaImpl::automatic;
     int variant = -1;           // tensor-core block shape (mla_attn_variant_*); -1: the default
