@@ -108,10 +108,12 @@ struct MlaAttnParams {
     int64_t H = 0;
     float scale = 1.0f;
     int max_splits = 1;          // grid over the keys, 1 .. 4096; fixed per captured graph
-    int min_keys_per_split = 0;  // 0: default (64); fewer keys -> fewer splits used
+    int min_keys_per_split = 0;  // 0: default (64 decode, 512 prefill): splits used <= keys/this
     MlaImpl impl = MlaImpl::automatic;
-    int variant = -1;           // tensor-core block shape (mla_attn_variant_*); -1: the default
-    void* workspace = nullptr;  // device, mla_attn_workspace_bytes(T, H, r, max_splits) bytes
+    int variant = -1;  // tensor-core block shape (mla_attn_variant_*); -1: the default
+    // Device scratch of mla_attn_workspace_bytes(T, H, r, max_splits) bytes, used only between
+    // the two kernels of one call (so layers may share it; stream order keeps them apart).
+    void* workspace = nullptr;
     size_t workspace_bytes = 0;
 };
 
