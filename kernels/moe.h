@@ -124,8 +124,8 @@ enum class Fp8Convert : uint8_t {
 
 // Tuning of the decode path (defaults are the measured best; see docs/perf.md).
 struct MoeDecodeConfig {
-    int gate_up_warps = 8;       // warps per block of launch 1 (one gate/up row pair per warp)
-    int down_warps = 8;          // warps per block of launch 2
+    int gate_up_warps = 8;  // warps per block of launch 1 (one gate/up row pair per warp), 1..16
+    int down_warps = 8;     // warps per block of launch 2, 1..16
     int down_warps_per_row = 2;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
     int unroll = 4;              // 16-byte loads in flight per lane and row: 2, 4 or 8
     Fp8Convert fp8_convert = Fp8Convert::hardware;

@@ -57,32 +57,47 @@ __host__ __device__ constexpr int chunk_elems(mgl::dtype t) {
 
 // ---- launch 1 ----
 
+// One warp's row pair f of gate/up (when f < rows), for a block of one job. The first U chunks
+// of both rows are requested before the block stages x and waits at the barrier, so the x
+// staging hides behind the weights' latency.
 template <mgl::dtype DT, bool VEC, int U, Fp8Convert CVT>
-__device__ void gate_up_row(const uint8_t* gate, const uint8_t* up, const float* gate_scale,
-                            const float* up_scale, const float* xs, int64_t D, int64_t f,
-                            float* act_out) {
+__device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gate,
+                              const uint8_t* up, const float* gate_scale, const float* up_scale,
+                              int64_t f, bool active, float* act_out, float* xs) {
     const int lane = threadIdx.x % 32;
     constexpr int64_t eb = elem_bytes<DT>();
+    constexpr int epc = 16 / int(eb);
+    const int64_t D = a.D;
+    const int64_t nch = VEC ? D / epc : D;
     const uint8_t* rg = gate + f * D * eb;
     const uint8_t* ru = up + f * D * eb;
-    float ag = 0.0f, au = 0.0f;
-    float post = 1.0f;
-    if constexpr (VEC) {
-        const int64_t nch = D * eb / 16;
-        const float4* xs4 = reinterpret_cast<const float4*>(xs);
-        if constexpr (DT == mgl::dtype::f8_e4m3 && CVT == Fp8Convert::bit_ops)
-            post = fp8_bits_x_scale;
-        for (int64_t c0 = 0; c0 < nch; c0 += 32 * U) {
-            uint4 wg[U], wu[U];
+    uint4 wg[U], wu[U];
+    auto load = [&](int64_t c0) {
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int64_t c = c0 + lane + 32 * u;
-                wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
-                if (c < nch) {
-                    wg[u] = load_weights16(rg + c * 16);
-                    wu[u] = load_weights16(ru + c * 16);
-                }
+        for (int u = 0; u < U; ++u) {
+            const int64_t c = c0 + lane + 32 * u;
+            wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
+            if (c < nch) {
+                wg[u] = load_weights16(rg + c * 16);
+                wu[u] = load_weights16(ru + c * 16);
             }
+        }
+    };
+    if constexpr (VEC) {
+        if (active) load(0);
+    }
+    constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && DT == mgl::dtype::f8_e4m3;
+    const float pre = bits ? fp8_bits_x_scale : 1.0f;
+    const float* x = a.x + t * a.x_stride;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        xs[stage_index(i, epc, nch, VEC)] = x[i] * pre;
+    __syncthreads();
+    if (!active) return;
+
+    float ag = 0.0f, au = 0.0f;
+    if constexpr (VEC) {
+        const float4* xs4 = reinterpret_cast<const float4*>(xs);
+        for (int64_t c0 = 0;;) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int64_t c = c0 + lane + 32 * u;
@@ -91,6 +106,9 @@ __device__ void gate_up_row(const uint8_t* gate, const uint8_t* up, const float*
                     au = dot_chunk<DT, CVT>(wu[u], xs4 + c, nch, au);
                 }
             }
+            c0 += 32 * U;
+            if (c0 >= nch) break;
+            load(c0);
         }
     } else {
         for (int64_t i = lane; i < D; i += 32) {
@@ -101,14 +119,17 @@ __device__ void gate_up_row(const uint8_t* gate, const uint8_t* up, const float*
     ag = warp_sum(ag);
     au = warp_sum(au);
     if (lane == 0) {
+        const float post = bits ? fp8_bits_x_scale : 1.0f;
         const float g = ag * post * (gate_scale ? gate_scale[f] : 1.0f);
         const float u = au * post * (up_scale ? up_scale[f] : 1.0f);
         *act_out = silu_mul(g, u);
     }
 }
 
+constexpr int max_decode_threads = 16 * 32;
+
 template <bool VEC, int U, Fp8Convert CVT>
-__global__ void decode_gate_up_kernel(DecodeArgs a) {
+__global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     const int64_t t = blockIdx.x / a.jobs_per_token;
@@ -136,39 +157,30 @@ __global__ void decode_gate_up_kernel(DecodeArgs a) {
             }
         }
     }
-    // The activations are written where launch 2 reads them: its chunks are those of the down
+    // The activations are written where launch 2 reads them: in the chunk order of the down
     // projection, whose rows are n_ff long.
     float* act = a.act + t * a.act_row + (shared ? int64_t(a.k) * a.seg_r : j * a.seg_r);
     const int down_epc = chunk_elems(dt);
     const int64_t down_nch = rows / down_epc;
     const int64_t f = row0 + warp;
+    const bool active = f < rows;
+    float* act_out = act + (active ? stage_index(f, down_epc, down_nch, VEC) : 0);
     if (skip) {  // an id outside [0, E): contributes nothing
-        if (f < rows && threadIdx.x % 32 == 0) act[stage_index(f, down_epc, down_nch, VEC)] = 0.0f;
+        if (active && threadIdx.x % 32 == 0) *act_out = 0.0f;
         return;
     }
-
-    const int x_epc = chunk_elems(dt);
-    const int64_t x_nch = a.D / x_epc;
-    const float pre =
-        (VEC && CVT == Fp8Convert::bit_ops && dt == mgl::dtype::f8_e4m3) ? fp8_bits_x_scale : 1.0f;
-    const float* x = a.x + t * a.x_stride;
-    for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x)
-        xs[stage_index(i, x_epc, x_nch, VEC)] = x[i] * pre;
-    __syncthreads();
-    if (f >= rows) return;
-    float* act_out = act + stage_index(f, down_epc, down_nch, VEC);
     switch (dt) {
         case mgl::dtype::f32:
-            gate_up_row<mgl::dtype::f32, VEC, U, CVT>(gate, up, gate_scale, up_scale, xs, a.D, f,
-                                                      act_out);
+            gate_up_block<mgl::dtype::f32, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                        active, act_out, xs);
             break;
         case mgl::dtype::bf16:
-            gate_up_row<mgl::dtype::bf16, VEC, U, CVT>(gate, up, gate_scale, up_scale, xs, a.D, f,
-                                                       act_out);
+            gate_up_block<mgl::dtype::bf16, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                         active, act_out, xs);
             break;
         default:
-            gate_up_row<mgl::dtype::f8_e4m3, VEC, U, CVT>(gate, up, gate_scale, up_scale, xs, a.D,
-                                                          f, act_out);
+            gate_up_block<mgl::dtype::f8_e4m3, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                            active, act_out, xs);
             break;
     }
 }
@@ -184,124 +196,53 @@ __device__ __forceinline__ int segment_of(int64_t i, int64_t nch, float inv_nch,
     return min(max(j, 0), k - 1);
 }
 
-// Routed part: flattened chunks [b, e) of the k concatenated down rows d. Lane j < k holds the
-// coefficient of segment j (w_j · scale_j[d], 0 for a skipped id).
-template <mgl::dtype DT, bool VEC, int U, Fp8Convert CVT>
-__device__ float routed_down(const uint8_t* const* seg_ptr, float coef, const float* act_s,
-                             int64_t seg_r, int64_t n_ff, int k, int64_t d, int64_t b, int64_t e,
-                             float acc) {
+// Output row d (when valid) for one warp: chunks [b, e) of the concatenated row
+// [down_0[d,:] | ... | down_{k-1}[d,:] | shared_down[d,:]] (routed chunks first, `routed` of
+// them, RDT; then the shared ones, SDT). Lane j < k holds expert slot j's down matrix (`seg_ptr`,
+// null for a skipped id) and coefficient (w_j · scale_j[d]); chunks get them by shuffle. The first
+// U chunks are requested before the block stages the activations and waits at the barrier.
+template <mgl::dtype RDT, mgl::dtype SDT, bool VEC, int U, Fp8Convert CVT>
+__device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float coef, int64_t d,
+                            bool valid, int64_t routed, int64_t b, int64_t e, float* act_s) {
     const int lane = threadIdx.x % 32;
-    constexpr int64_t eb = elem_bytes<DT>();
-    const int64_t row_bytes = n_ff * eb;
-    const int64_t nch = VEC ? row_bytes / 16 : n_ff;
-    const float inv_nch = 1.0f / float(nch);
-    for (int64_t base = b; base < e; base += 32 * U) {
-        uint4 w[U];
-        float ws[U];
-        int seg[U];
-        int64_t ch[U];
+    constexpr int64_t reb = elem_bytes<RDT>(), seb = elem_bytes<SDT>();
+    const int64_t r_row_bytes = a.n_ff * reb;
+    const int64_t nch_r = VEC ? r_row_bytes / 16 : a.n_ff;
+    const int64_t nch_s = VEC ? a.sh_n_ff * seb / 16 : a.sh_n_ff;
+    const float inv_nch = 1.0f / float(nch_r);
+    const uint8_t* sh_row = a.has_shared ? a.sh_down + d * a.sh_n_ff * seb : nullptr;
+    uint4 w[U];
+    float ws[U];
+    int seg[U];
+    int64_t ch[U];
+    auto load = [&](int64_t base) {  // warp-uniform (shuffles)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t i = base + lane + 32 * u;
-            seg[u] = segment_of(i, nch, inv_nch, k);
-            ch[u] = i - int64_t(seg[u]) * nch;
-            const uint8_t* p = seg_ptr[seg[u]];
+            seg[u] = segment_of(i, nch_r, inv_nch, a.k);
+            const uint8_t* p = reinterpret_cast<const uint8_t*>(
+                __shfl_sync(full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg[u]));
+            const bool is_routed = i < routed;
+            ch[u] = is_routed ? i - int64_t(seg[u]) * nch_r : i - routed;
             w[u] = make_uint4(0, 0, 0, 0);
             ws[u] = 0.0f;
-            if (i < e && p) {
+            if (i < e && (!is_routed || p)) {
                 if constexpr (VEC) {
-                    w[u] = load_weights16(p + d * row_bytes + ch[u] * 16);
+                    w[u] = load_weights16(is_routed ? p + d * r_row_bytes + ch[u] * 16
+                                                    : sh_row + ch[u] * 16);
                 } else {
-                    ws[u] = load_weight<DT>(p + d * row_bytes, ch[u]);
+                    ws[u] = is_routed ? load_weight<RDT>(p + d * r_row_bytes, ch[u])
+                                      : load_weight<SDT>(sh_row, ch[u]);
                 }
             }
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const float c = __shfl_sync(full_mask, coef, seg[u]);
-            if (base + lane + 32 * u < e) {
-                const float* xs = act_s + seg[u] * seg_r;
-                if constexpr (VEC) {
-                    const float dot = dot_chunk<DT, CVT>(
-                        w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch, 0.0f);
-                    acc = fmaf(c, dot, acc);
-                } else {
-                    acc = fmaf(c, ws[u] * xs[ch[u]], acc);
-                }
-            }
-        }
-    }
-    return acc;
-}
+    };
+    if (valid && b < e) load(b);
 
-// Shared part: chunks [b, e) of the shared down row d (coefficient 1).
-template <mgl::dtype DT, bool VEC, int U>
-__device__ float shared_down(const uint8_t* down, const float* act_s, int64_t n_ff, int64_t d,
-                             int64_t b, int64_t e, float acc) {
-    const int lane = threadIdx.x % 32;
-    constexpr int64_t eb = elem_bytes<DT>();
-    const int64_t row_bytes = n_ff * eb;
-    const uint8_t* row = down + d * row_bytes;
-    const int64_t nch = VEC ? row_bytes / 16 : n_ff;
-    for (int64_t base = b; base < e; base += 32 * U) {
-        uint4 w[U];
-        float ws[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t c = base + lane + 32 * u;
-            w[u] = make_uint4(0, 0, 0, 0);
-            ws[u] = 0.0f;
-            if (c < e) {
-                if constexpr (VEC) {
-                    w[u] = load_weights16(row + c * 16);
-                } else {
-                    ws[u] = load_weight<DT>(row, c);
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t c = base + lane + 32 * u;
-            if (c < e) {
-                if constexpr (VEC) {
-                    acc = dot_chunk<DT, Fp8Convert::hardware>(
-                        w[u], reinterpret_cast<const float4*>(act_s) + c, nch, acc);
-                } else {
-                    acc = fmaf(ws[u], act_s[c], acc);
-                }
-            }
-        }
-    }
-    return acc;
-}
-
-template <bool VEC, int U, Fp8Convert CVT>
-__global__ void decode_down_kernel(DecodeArgs a) {
-    extern __shared__ float4 smem4[];
-    __shared__ const uint8_t* seg_ptr[max_decode_k];
-    __shared__ const float* seg_scale[max_decode_k];
-    __shared__ float seg_weight[max_decode_k];
-    float* act_s = reinterpret_cast<float*>(smem4);
-    const int64_t t = blockIdx.x;
-    const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
-    const int P = a.warps_per_row, rows_per_block = warps / P;
-    float* partial = act_s + a.act_row;  // [rows_per_block, P]
-    const int64_t row0 = int64_t(blockIdx.y) * rows_per_block;
-    const bool fp8 = a.rtype == mgl::dtype::f8_e4m3;
-    const bool bits = VEC && CVT == Fp8Convert::bit_ops && fp8;
-
-    if (threadIdx.x < a.k) {
-        const int j = int(threadIdx.x);
-        const int32_t id = a.ids[t * a.k + j];
-        const bool ok = id >= 0 && id < a.n_experts;
-        const uint8_t* base = ok ? reinterpret_cast<const uint8_t*>(a.table[id]) : nullptr;
-        seg_ptr[j] = ok ? base + a.off_down : nullptr;
-        seg_scale[j] =
-            ok && fp8 ? reinterpret_cast<const float*>(base + a.off_down_scale) : nullptr;
-        seg_weight[j] = ok ? a.weights[t * a.k + j] : 0.0f;
-    }
-    const float4* act4 = reinterpret_cast<const float4*>(a.act + t * a.act_row);
+    const float4* act4 = reinterpret_cast<const float4*>(a.act + blockIdx.x * a.act_row);
     const int64_t routed4 = int64_t(a.k) * a.seg_r / 4;
+    constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && RDT == mgl::dtype::f8_e4m3;
+    float4* act_s4 = reinterpret_cast<float4*>(act_s);
     for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x) {
         float4 v = act4[i];
         if (bits && i < routed4) {
@@ -310,52 +251,101 @@ __global__ void decode_down_kernel(DecodeArgs a) {
             v.z *= fp8_bits_x_scale;
             v.w *= fp8_bits_x_scale;
         }
-        smem4[i] = v;
+        act_s4[i] = v;
     }
     __syncthreads();
+    float acc = 0.0f;
+    if (!valid) return acc;
+    const float* act_sh = act_s + int64_t(a.k) * a.seg_r;
+    for (int64_t base = b; base < e;) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t i = base + lane + 32 * u;
+            const float c = __shfl_sync(full_mask, coef, seg[u]);
+            if (i >= e) continue;
+            if (i < routed) {
+                const float* xs = act_s + seg[u] * a.seg_r;
+                if constexpr (VEC) {
+                    const float dot = dot_chunk<RDT, CVT>(
+                        w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch_r, 0.0f);
+                    acc = fmaf(c, dot, acc);
+                } else {
+                    acc = fmaf(c, ws[u] * xs[ch[u]], acc);
+                }
+            } else {
+                if constexpr (VEC) {
+                    acc = dot_chunk<SDT, Fp8Convert::hardware>(
+                        w[u], reinterpret_cast<const float4*>(act_sh) + ch[u], nch_s, acc);
+                } else {
+                    acc = fmaf(ws[u], act_sh[ch[u]], acc);
+                }
+            }
+        }
+        base += 32 * U;
+        if (base < e) load(base);
+    }
+    return acc;
+}
 
+template <mgl::dtype RDT, bool VEC, int U, Fp8Convert CVT>
+__device__ float down_block_shared_dtype(const DecodeArgs& a, const uint8_t* seg_ptr, float coef,
+                                         int64_t d, bool valid, int64_t routed, int64_t b,
+                                         int64_t e, float* act_s) {
+    if (a.stype == mgl::dtype::f32)
+        return down_block<RDT, mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b,
+                                                             e, act_s);
+    return down_block<RDT, mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b, e,
+                                                          act_s);
+}
+
+template <bool VEC, int U, Fp8Convert CVT>
+__global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeArgs a) {
+    extern __shared__ float4 smem4[];
+    float* act_s = reinterpret_cast<float*>(smem4);
+    const int64_t t = blockIdx.x;
+    const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
+    const int P = a.warps_per_row, rows_per_block = warps / P;
+    float* partial = act_s + a.act_row;  // [rows_per_block, P]
+    const int64_t row0 = int64_t(blockIdx.y) * rows_per_block;
     const int r = warp % rows_per_block, part = warp / rows_per_block;
     const int64_t d = row0 + r;
-    float acc = 0.0f;
-    if (d < a.D && part < P) {
-        float coef = 0.0f;
-        if (lane < a.k) {
-            coef = seg_weight[lane] * (seg_scale[lane] ? seg_scale[lane][d] : 1.0f) *
-                   (bits ? fp8_bits_x_scale : 1.0f);
+    const bool valid = d < a.D;
+    const bool fp8 = a.rtype == mgl::dtype::f8_e4m3;
+
+    // Lane j < k: expert slot j's down matrix and coefficient for row d.
+    const uint8_t* seg_ptr = nullptr;
+    float coef = 0.0f;
+    if (lane < a.k && valid) {
+        const int32_t id = a.ids[t * a.k + lane];
+        if (id >= 0 && id < a.n_experts) {
+            const uint8_t* base = reinterpret_cast<const uint8_t*>(a.table[id]);
+            seg_ptr = base + a.off_down;
+            const float scale =
+                fp8 ? reinterpret_cast<const float*>(base + a.off_down_scale)[d] : 1.0f;
+            const bool bits = VEC && CVT == Fp8Convert::bit_ops && fp8;
+            coef = a.weights[t * a.k + lane] * scale * (bits ? fp8_bits_x_scale : 1.0f);
         }
-        const int64_t nch_r = VEC ? a.n_ff / chunk_elems(a.rtype) : a.n_ff;
-        const int64_t nch_s =
-            a.has_shared ? (VEC ? a.sh_n_ff / chunk_elems(a.stype) : a.sh_n_ff) : 0;
-        const int64_t routed = int64_t(a.k) * nch_r, total = routed + nch_s;
-        const int64_t b = total * part / P, e = total * (part + 1) / P;
-        const int64_t rb = b, re = e < routed ? e : routed;
-        if (rb < re) {
-            switch (a.rtype) {
-                case mgl::dtype::f32:
-                    acc = routed_down<mgl::dtype::f32, VEC, U, CVT>(seg_ptr, coef, act_s, a.seg_r,
-                                                                    a.n_ff, a.k, d, rb, re, acc);
-                    break;
-                case mgl::dtype::bf16:
-                    acc = routed_down<mgl::dtype::bf16, VEC, U, CVT>(seg_ptr, coef, act_s, a.seg_r,
-                                                                     a.n_ff, a.k, d, rb, re, acc);
-                    break;
-                default:
-                    acc = routed_down<mgl::dtype::f8_e4m3, VEC, U, CVT>(
-                        seg_ptr, coef, act_s, a.seg_r, a.n_ff, a.k, d, rb, re, acc);
-                    break;
-            }
-        }
-        const int64_t sb = (b > routed ? b : routed) - routed, se = e - routed;
-        if (sb < se) {
-            const float* act_sh = act_s + int64_t(a.k) * a.seg_r;
-            if (a.stype == mgl::dtype::f32) {
-                acc = shared_down<mgl::dtype::f32, VEC, U>(a.sh_down, act_sh, a.sh_n_ff, d, sb, se,
-                                                           acc);
-            } else {
-                acc = shared_down<mgl::dtype::bf16, VEC, U>(a.sh_down, act_sh, a.sh_n_ff, d, sb, se,
-                                                            acc);
-            }
-        }
+    }
+    const int64_t nch_r = VEC ? a.n_ff / chunk_elems(a.rtype) : a.n_ff;
+    const int64_t nch_s = a.has_shared ? (VEC ? a.sh_n_ff / chunk_elems(a.stype) : a.sh_n_ff) : 0;
+    const int64_t routed = int64_t(a.k) * nch_r, total = routed + nch_s;
+    const int64_t b = total * part / P, e = total * (part + 1) / P;
+    float acc;
+    switch (a.rtype) {
+        case mgl::dtype::f32:
+            acc = down_block_shared_dtype<mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
+                                                                        routed, b, e, act_s);
+            break;
+        case mgl::dtype::bf16:
+            acc = down_block_shared_dtype<mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
+                                                                         routed, b, e, act_s);
+            break;
+        default:
+            acc = down_block_shared_dtype<mgl::dtype::f8_e4m3, VEC, U, CVT>(
+                a, seg_ptr, coef, d, valid, routed, b, e, act_s);
+            break;
+    }
+    if (valid) {
         acc = warp_sum(acc);
         if (lane == 0) partial[r * P + part] = acc;
     }
@@ -411,14 +401,14 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     const auto& c = p.decode;
     if (p.k > max_decode_k)
         moe_fail("moe_experts (decode): k = " + std::to_string(p.k) + " (at most 32)");
-    if (c.gate_up_warps < 1 || c.gate_up_warps > 32 || c.down_warps < 1 || c.down_warps > 32 ||
+    if (c.gate_up_warps < 1 || c.gate_up_warps > 16 || c.down_warps < 1 || c.down_warps > 16 ||
         c.down_warps_per_row < 1 || c.down_warps % c.down_warps_per_row != 0 ||
         !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8))
         moe_fail("moe_experts (decode): bad config: gate_up_warps " +
                  std::to_string(c.gate_up_warps) + ", down_warps " + std::to_string(c.down_warps) +
                  ", down_warps_per_row " + std::to_string(c.down_warps_per_row) + ", unroll " +
                  std::to_string(c.unroll) +
-                 " (warps 1..32, warps_per_row dividing down_warps, unroll 2, 4 or 8)");
+                 " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8)");
     const size_t need = decode_workspace_bytes(p);
     if (ws_bytes < need || (need && !ws))
         moe_fail("moe_experts (decode): workspace of " + std::to_string(ws_bytes) +
