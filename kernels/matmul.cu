@@ -509,6 +509,10 @@ void run_generic(const MatmulParams& p, cudaStream_t stream) {
 
 MatmulPath resolve(const MatmulParams& p) {
     if (p.path == MatmulPath::automatic) return matmul_choose_path(p);
+    if (p.path == MatmulPath::stream && !detail::stream_gemv_ok(p))
+        fail_params(
+            "the stream path needs bf16/f8 rows contiguous in K, 16-byte aligned w and x, "
+            "m <= 8");
     if (p.path == MatmulPath::gemv && !tensor_core_gemv_ok(p))
         fail_params("the gemv path needs bf16/f8 rows contiguous in K, 16-byte aligned, m <= 16");
     if (p.path == MatmulPath::gemv_column && !column_layout(p))
@@ -522,6 +526,8 @@ const char* matmul_path_name(MatmulPath p) {
     switch (p) {
         case MatmulPath::automatic:
             return "automatic";
+        case MatmulPath::stream:
+            return "stream";
         case MatmulPath::gemv:
             return "gemv";
         case MatmulPath::gemv_column:
@@ -566,6 +572,7 @@ int64_t matmul_gemv_max_m() { return 16; }
 
 MatmulPath matmul_choose_path(const MatmulParams& p) {
     if (p.m > matmul_gemv_max_m()) return MatmulPath::gemm;
+    if (detail::stream_gemv_ok(p)) return MatmulPath::stream;
     if (tensor_core_gemv_ok(p)) return MatmulPath::gemv;
     if (column_layout(p)) return MatmulPath::gemv_column;
     return MatmulPath::generic;
@@ -593,6 +600,9 @@ void matmul(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream
         fail_params("workspace of " + std::to_string(r.workspace_bytes) + " bytes, " +
                     std::to_string(need) + " needed (" + matmul_describe(p) + ")");
     switch (path) {
+        case MatmulPath::stream:
+            detail::launch_stream_gemv(p, stream);
+            break;
         case MatmulPath::gemv:
             detail::launch_gemv(p, detail::plan_gemv(p, detail::sm_count_of_current_device()),
                                 r.workspace, stream);
@@ -616,6 +626,8 @@ std::string matmul_describe(const MatmulParams& p) {
         case MatmulPath::gemv:
             return detail::gemv_plan_string(
                 p, detail::plan_gemv(p, detail::sm_count_of_current_device()));
+        case MatmulPath::stream:
+            return "stream rows/warp " + std::to_string(detail::stream_rows_per_warp(p));
         case MatmulPath::gemm: {
             const GemmPlan g = plan_gemm(p);
             std::string s = "gemm";

@@ -7,6 +7,10 @@
 //     W_real     = W (f32, bf16) or e4m3(W) · w_scale[b, n] (f8_e4m3)
 //
 // One call, `matmul(params, resources, stream)`, picks the path (`matmul_choose_path`):
+//   * stream       M <= 8, bf16 / f8 rows contiguous in K, 16-byte aligned, x rows 16-byte
+//                  aligned: CUDA-core GEMV, one warp per row with eight 16-byte weight loads in
+//                  flight per lane, FP32. Measured faster than the tensor-core gemv at batch 1
+//                  (docs/perf.md), so it is decode's default.
 //   * gemv         M <= matmul_gemv_max_m(), bf16 / f8 rows contiguous in K and 16-byte aligned:
 //                  tensor-core matrix-vector product that streams W once at HBM speed. x is
 //                  split into three bf16 (f16 for f8 weights) terms so the product keeps FP32
@@ -46,7 +50,7 @@
 
 namespace minids::kernels {
 
-enum class MatmulPath : uint8_t { automatic, gemv, gemv_column, generic, gemm };
+enum class MatmulPath : uint8_t { automatic, stream, gemv, gemv_column, generic, gemm };
 const char* matmul_path_name(MatmulPath p);
 
 // Strides: x, y and residual in ELEMENTS (f32), W in BYTES (mgl's tensors store byte strides; W's

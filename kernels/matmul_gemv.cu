@@ -466,6 +466,8 @@ GemvPlan plan_gemv(const MatmulParams& p, int sm_count) {
     int split = 1;
     if (p.gemv_split > 0) {
         split = std::min(p.gemv_split, quads);
+        // A forced split whose share of x does not fit in shared memory is raised until it does.
+        while (split < quads && gemv_smem(p, c, quads, split, nullptr) > gemv_smem_limit) ++split;
     } else {
         // Split K while the shared x does not fit or the SMs are short of warps, keeping at
         // least one 64-byte step per warp.

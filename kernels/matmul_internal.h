@@ -33,6 +33,12 @@ GemvPlan plan_gemv(const MatmulParams& p, int sm_count);
 void launch_gemv(const MatmulParams& p, const GemvPlan& plan, void* workspace, cudaStream_t stream);
 std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan);
 
+// The streaming CUDA-core gemv (matmul_stream.cu): decode's default for M <= 8.
+constexpr int64_t stream_gemv_max_m = 8;
+bool stream_gemv_ok(const MatmulParams& p);
+int stream_rows_per_warp(const MatmulParams& p);
+void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream);
+
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace minids::kernels::detail

@@ -125,6 +125,14 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H);
 
 // Decode: 16-row tiles (T·H = 16 for V2-Lite at T = 1). Correct for any T.
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream);
+
+// The CUDA-core decode kernel (kernels/mla_decode_simt.cu): latency-first, for few query rows
+// (tiles of 16 rows = T·H), r <= 512, cache rows <= 1152 bytes (bf16) / 2304 (f32). mla_decode
+// with impl automatic takes it whenever it applies; its workspace fits in
+// mla_attn_workspace_bytes.
+bool mla_decode_simt_supported(const MlaAttnParams& p);
+size_t mla_decode_simt_workspace_bytes(int64_t rows, int64_t r, int max_splits);
+void mla_decode_simt(const MlaAttnParams& p, cudaStream_t stream);
 // Prefill: 64-row tiles (T up to ~512 queries per call). Correct for any T.
 void mla_prefill(const MlaAttnParams& p, cudaStream_t stream);
 

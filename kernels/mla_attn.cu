@@ -1,6 +1,7 @@
 // MLA attention launchers (mla.h), the f32 CUDA-core kernel and the split merge. The tensor-core
 // kernel lives in mla_attn_tc.cuh.
 #include <cuda_bf16.h>
+#include <algorithm>
 
 #include <string>
 
@@ -386,7 +387,9 @@ void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
 size_t mla_attn_workspace_bytes(int64_t T, int64_t H, int64_t r, int max_splits) {
     if (max_splits <= 1) return 0;
     const size_t slots = size_t(max_splits) * size_t(T * H);
-    return mla_detail::ws_align + mla_detail::align_up(slots * 4) + slots * size_t(r) * 4;
+    const size_t tc =
+        mla_detail::ws_align + mla_detail::align_up(slots * 4) + slots * size_t(r) * 4;
+    return std::max(tc, mla_decode_simt_workspace_bytes(T * H, r, max_splits));
 }
 
 int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
@@ -397,6 +400,8 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
 }
 
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream) {
+    if (p.impl == MlaImpl::automatic && mla_decode_simt_supported(p))
+        return mla_decode_simt(p, stream);
     mla_detail::run(MlaKernel::decode, p, stream);
 }
 void mla_prefill(const MlaAttnParams& p, cudaStream_t stream) {

@@ -42,11 +42,8 @@ void check_experts_params(const MoeExpertsParams& p) {
                          "f8_e4m3 experts need the three scale offsets (4-byte aligned), found " +
                          std::to_string(off));
     }
-    if (!p.ids || !p.weights || p.k < 1 || p.k > 32)
-        moe_fail(who + "ids and weights are required and k must be in [1, 32] (" + field("k", p.k) +
-                 ")");
-    if (!p.x || !p.out || p.n_tokens < 0)
-        moe_fail(who + "x and out are required (" + field("n_tokens", p.n_tokens) + ")");
+    if (p.k < 1 || p.k > 32) moe_fail(who + "k must be in [1, 32] (" + field("k", p.k) + ")");
+    if (p.n_tokens < 0) moe_fail(who + "negative " + field("n_tokens", p.n_tokens));
     for (int64_t s : {p.x_stride, p.out_stride, p.residual_stride})
         if (s != 0 && s < l.n_embd)
             moe_fail(who + "row stride " + std::to_string(s) + " < n_embd " +
@@ -101,6 +98,9 @@ size_t moe_experts_workspace_bytes(const MoeExpertsParams& p) {
 void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream) {
     check_experts_params(p);
+    // The data pointers matter only for a launch (a workspace query needs shapes alone).
+    if (!p.ids || !p.weights || !p.x || !p.out)
+        moe_fail("moe_experts: ids, weights, x and out are required");
     if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
         moe_fail("moe_experts: workspace must be 256-byte aligned");
     if (moe_resolved_path(p) == MoePath::decode) {

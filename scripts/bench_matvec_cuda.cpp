@@ -424,11 +424,12 @@ static int run(int argc, char** argv) {
         for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3}) {
             Setup st(t, 1, sh.n, sh.k, 64);
             const MatmulResources res{blas, st.ws->p, st.ws_bytes};
-            for (MatmulPath path : {MatmulPath::gemv, MatmulPath::gemm}) {
+            for (MatmulPath path : {MatmulPath::stream, MatmulPath::gemv, MatmulPath::gemm}) {
                 std::printf("| %s %lldx%lld | %s | %s |", sh.name, (long long)sh.n, (long long)sh.k,
                             tname(t), matmul_path_name(path));
                 for (int64_t m : ms) {
-                    if (path == MatmulPath::gemv && m > matmul_gemv_max_m()) {
+                    if ((path == MatmulPath::gemv && m > matmul_gemv_max_m()) ||
+                        (path == MatmulPath::stream && m > 8)) {
                         std::printf(" - |");
                         continue;
                     }

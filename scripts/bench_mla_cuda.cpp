@@ -223,6 +223,9 @@ int main() {
                            MlaImpl::tensor_core, v, 0, 0});
     configs.push_back(
         {"tc rows16 warps1x4 keys32 stages2, 2/SM", MlaImpl::tensor_core, 3, 2 * n_sm, 0});
+    configs.push_back({"simt decode (automatic)", MlaImpl::automatic, -1, 0, 0});
+    configs.push_back({"simt decode, 2/SM", MlaImpl::automatic, -1, 2 * n_sm, 0});
+    configs.push_back({"simt decode, 1/2 SM", MlaImpl::automatic, -1, n_sm / 2, 0});
     configs.push_back({"cuda_core f32 math", MlaImpl::cuda_core, -1, 0, 0});
     configs.push_back({"cuda_core f32 math, 2/SM", MlaImpl::cuda_core, -1, 2 * n_sm, 0});
 

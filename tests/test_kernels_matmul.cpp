@@ -281,10 +281,14 @@ double run_case(const Case& c, const Cublas& blas) {
 
 TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {
     std::vector<uint8_t> dummy(64);
-    float f = 0;
-    auto p = kernels::matmul_params_contiguous(
-        mgl::dtype::bf16, dummy.data() + 16 - reinterpret_cast<uintptr_t>(dummy.data()) % 16,
-        nullptr, &f, &f, 1, 1, 2048, 2048);
+    uint8_t* aligned = dummy.data() + 16 - reinterpret_cast<uintptr_t>(dummy.data()) % 16;
+    float* f = reinterpret_cast<float*>(aligned);
+    auto p = kernels::matmul_params_contiguous(mgl::dtype::bf16, aligned, nullptr, f, f, 1, 1, 2048,
+                                               2048);
+    CHECK(kernels::matmul_choose_path(p) == MatmulPath::stream);
+    p.m = 8;
+    CHECK(kernels::matmul_choose_path(p) == MatmulPath::stream);
+    p.m = 9;
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemv);
     p.m = kernels::matmul_gemv_max_m();
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemv);
@@ -356,6 +360,35 @@ TEST_CASE("cuda matmul gemv: every kernel configuration and split-K" * doctest::
                     c.path = MatmulPath::gemv;
                     c.config = cfg;
                     c.split = split;
+                    c.seed = seed++;
+                    run_case(c, blas);
+                }
+}
+
+TEST_CASE("cuda matmul stream gemv: dtypes, M, batches, strides, residual, norm" *
+          doctest::skip(no_gpu)) {
+    Cublas blas;
+    uint64_t seed = 250;
+    for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3})
+        for (int64_t m : {1, 2, 3, 5, 8})
+            for (int64_t k : {16 * 3, 1024 + 64, 2048, 10944})
+                for (int variant = 0; variant < 4; ++variant) {
+                    Case c;
+                    c.type = t;
+                    c.m = m;
+                    c.n = variant == 3 ? 1 : 203;
+                    c.k = k;
+                    c.batch = variant == 1 ? 3 : 1;
+                    c.w_shared = variant == 2;
+                    c.x_pad = variant == 1 ? 4 : 0;
+                    c.y_pad = variant == 2 ? 3 : 0;
+                    c.residual = variant >= 2;
+                    c.in_place = variant == 3;
+                    c.norm = variant == 1 || variant == 3;
+                    c.norm_type = variant == 1 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                    // x batches 3 floats apart are not 16-byte aligned: the chooser takes the
+                    // tensor-core gemv there, so that variant runs automatic.
+                    c.path = variant == 1 ? MatmulPath::automatic : MatmulPath::stream;
                     c.seed = seed++;
                     run_case(c, blas);
                 }

@@ -236,10 +236,10 @@ TEST_CASE("cuda mla decode attention: split counts and every tensor-core variant
     // than the splits the context needs (idle blocks) and a single split (direct write).
     for (int max_splits : {1, 3, 64, 200})
         for (int min_keys : {16, 1000})
-            for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::cuda_core}) {
+            for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::cuda_core, MlaImpl::automatic}) {
                 AttnCase c;
                 c.impl = impl;
-                c.type = impl == MlaImpl::cuda_core ? mgl::dtype::f32 : mgl::dtype::bf16;
+                c.type = impl == MlaImpl::tensor_core ? mgl::dtype::bf16 : mgl::dtype::f32;
                 c.n_past = 3000;
                 c.T = 2;
                 c.max_splits = max_splits;

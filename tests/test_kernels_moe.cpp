@@ -239,6 +239,10 @@ TEST_CASE("cuda moe launchers reject bad parameters before touching the device")
     CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
     alignas(256) static uint8_t ws[256];
     bad = e;
+    bad.ids = nullptr;  // a workspace query needs no data, a launch does
+    CHECK_NOTHROW(kernels::moe_experts_workspace_bytes(bad));
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
+    bad = e;
     bad.decode.unroll = 3;
     CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
     bad = e;
