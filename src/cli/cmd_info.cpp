@@ -181,7 +181,9 @@ int run_info(const InfoOptions& o) {
     // Everything run and chat would refuse: the weights bind, the tokenizer builds, the chat
     // template renders.
     try {
-        open_checked_model(o.model);
+        // Binding on the CPU maps the weights in place; nothing is copied.
+        const std::unique_ptr<mgl::backend> cpu = mgl::make_cpu_backend(1);
+        open_checked_model(o.model, *cpu);
     } catch (const mds::FileError& e) {
         result.problems.push_back(e.what());
         result.ok = false;

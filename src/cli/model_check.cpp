@@ -4,11 +4,11 @@
 
 namespace minids::cli {
 
-CheckedModel check_model(std::unique_ptr<mds::MdsFile> file) {
+CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backend) {
     CheckedModel m;
     const std::string path = file->path();
     m.file = std::move(file);
-    m.model = std::make_unique<Deepseek2Model>(*m.file);
+    m.model = std::make_unique<Deepseek2Model>(*m.file, backend);
     try {
         m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
     } catch (const TokenizerError& e) {
@@ -28,8 +28,8 @@ CheckedModel check_model(std::unique_ptr<mds::MdsFile> file) {
     return m;
 }
 
-CheckedModel open_checked_model(const std::string& path) {
-    return check_model(mds::MdsFile::open(path));
+CheckedModel open_checked_model(const std::string& path, mgl::backend& backend) {
+    return check_model(mds::MdsFile::open(path), backend);
 }
 
 }  // namespace minids::cli

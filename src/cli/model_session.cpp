@@ -188,15 +188,15 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     std::fprintf(stderr, "minids %s: loading %s ...\n", command, path.c_str());
     const auto t0 = std::chrono::steady_clock::now();
     LoadedModel m;
-    CheckedModel checked = open_checked_model(path);
-    m.file = std::move(checked.file);
-    m.model = std::move(checked.model);
-    m.tokenizer = std::move(checked.tokenizer);
     try {
         m.backend = mgl::make_cpu_backend(flags.n_threads);
     } catch (const std::system_error& e) {  // ulimit -v / -u: not enough for the threads
         throw UserError(std::string(e.what()) + "; use fewer with -t");
     }
+    CheckedModel checked = open_checked_model(path, *m.backend);
+    m.file = std::move(checked.file);
+    m.model = std::move(checked.model);
+    m.tokenizer = std::move(checked.tokenizer);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -1,0 +1,260 @@
+// The streaming GEMV for decode (M <= 8): CUDA cores, FP32 accumulate, one warp per row (or two
+// short rows), every lane issuing eight 16-byte weight loads before it touches x, so each warp
+// keeps 4 KiB of W in flight. x is read through L1 (every warp of the SM reads the same x), the
+// optional RMSNorm of x is computed by the block while its first weight loads are in flight, and
+// the optional residual is added when y is written. At batch 1 the cost of a small product is
+// launch and first-load latency, so nothing here waits for anything it does not need.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "cuda_check.h"
+#include "matmul_internal.h"
+
+namespace minids::kernels::detail {
+
+namespace {
+
+constexpr int kWarps = 8;   // warps per block
+constexpr int kUnroll = 8;  // 16-byte loads per lane per row in flight
+
+struct StreamArgs {
+    const uint8_t* w;
+    int64_t w_row_stride, w_batch_stride;
+    const float* scale;
+    int64_t scale_batch_stride;
+    const float* x;
+    int64_t x_row_stride, x_batch_stride;
+    float* y;
+    int64_t y_row_stride, y_batch_stride;
+    const float* residual;
+    const void* norm_w;
+    bool norm, norm_bf16;
+    float eps;
+    int m, n, k;
+    int chunks;  // 16-byte chunks per row
+};
+
+__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// The E weights of one 16-byte chunk as floats.
+template <bool FP8>
+__device__ __forceinline__ void decode_chunk(const uint4& v, float* f) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (FP8) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+                    __nv_fp8x2_storage_t((u[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
+                const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&r));
+                f[4 * i + 2 * h] = p.x;
+                f[4 * i + 2 * h + 1] = p.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// 1 / sqrt(mean(x[m]²) + eps) for every token row, by the whole block, into inv[].
+template <int M>
+__device__ void block_rms(const StreamArgs& a, const float* xb, float* inv) {
+    __shared__ float partial[M][kWarps];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        float ss = 0.0f;
+        if (m < a.m) {
+            const float* xr = xb + m * a.x_row_stride;
+            for (int i = threadIdx.x; i < a.k; i += blockDim.x) ss += xr[i] * xr[i];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) partial[m][warp] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float s = 0.0f;
+        for (int w = 0; w < kWarps; ++w) s += partial[threadIdx.x][w];
+        inv[threadIdx.x] = rsqrtf(s / float(a.k) + a.eps);
+    }
+    __syncthreads();
+}
+
+template <bool FP8, int R, int M>
+__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) {
+    constexpr int E = FP8 ? 16 : 8;  // weights per chunk
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.y;
+    const int row0 = (blockIdx.x * kWarps + warp) * R;
+    const uint8_t* wb = a.w + b * a.w_batch_stride;
+    const float* xb = a.x + b * a.x_batch_stride;
+    __shared__ float inv[M];
+
+    float acc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+    bool first = true;
+    for (int c0 = 0; c0 < a.chunks; c0 += 32 * kUnroll) {
+        uint4 wv[R][kUnroll];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            const uint8_t* wr = wb + int64_t(row) * a.w_row_stride;
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int c = c0 + u * 32 + lane;
+                wv[r][u] = (row < a.n && c < a.chunks) ? ld_weights(wr + int64_t(c) * 16)
+                                                       : make_uint4(0, 0, 0, 0);
+            }
+        }
+        // The norm is computed while the first loads are in flight (whole block: no early exit).
+        if (first && a.norm) block_rms<M>(a, xb, inv);
+        first = false;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= a.chunks) break;
+            float nw[E];
+            if (a.norm) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    const int kk = c * E + e;
+                    nw[e] = a.norm_w == nullptr ? 1.0f
+                            : a.norm_bf16
+                                ? __bfloat162float(static_cast<const __nv_bfloat16*>(a.norm_w)[kk])
+                                : static_cast<const float*>(a.norm_w)[kk];
+                }
+            }
+            float wf[R][E];
+#pragma unroll
+            for (int r = 0; r < R; ++r) decode_chunk<FP8>(wv[r][u], wf[r]);
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                if (m >= a.m) break;
+                const float4* xp =
+                    reinterpret_cast<const float4*>(xb + m * a.x_row_stride + int64_t(c) * E);
+                float xf[E];
+#pragma unroll
+                for (int q = 0; q < E / 4; ++q) {
+                    const float4 v = __ldg(xp + q);
+                    xf[4 * q] = v.x;
+                    xf[4 * q + 1] = v.y;
+                    xf[4 * q + 2] = v.z;
+                    xf[4 * q + 3] = v.w;
+                }
+                if (a.norm) {
+#pragma unroll
+                    for (int e = 0; e < E; ++e) xf[e] *= inv[m] * nw[e];
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const float s = warp_sum(acc[r][m]);
+            if (lane == 0 && row < a.n && m < a.m) {
+                float v = s;
+                if (FP8 && a.scale) v *= a.scale[b * a.scale_batch_stride + row];
+                const int64_t at = b * a.y_batch_stride + m * a.y_row_stride + row;
+                if (a.residual) v += a.residual[at];
+                a.y[at] = v;
+            }
+        }
+    }
+}
+
+template <bool FP8, int R>
+void launch_r(const StreamArgs& a, int batch, cudaStream_t stream) {
+    const dim3 grid(unsigned((a.n + kWarps * R - 1) / (kWarps * R)), unsigned(batch));
+    const dim3 block(kWarps * 32);
+    if (a.m <= 1) {
+        gemv_stream_kernel<FP8, R, 1><<<grid, block, 0, stream>>>(a);
+    } else if (a.m <= 2) {
+        gemv_stream_kernel<FP8, R, 2><<<grid, block, 0, stream>>>(a);
+    } else if (a.m <= 4) {
+        gemv_stream_kernel<FP8, R, 4><<<grid, block, 0, stream>>>(a);
+    } else {
+        gemv_stream_kernel<FP8, R, 8><<<grid, block, 0, stream>>>(a);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool stream_gemv_ok(const MatmulParams& p) {
+    if (p.w_type != mgl::dtype::bf16 && p.w_type != mgl::dtype::f8_e4m3) return false;
+    const int64_t e = int64_t(mgl::dtype_size(p.w_type));
+    const auto w = reinterpret_cast<uintptr_t>(p.w), x = reinterpret_cast<uintptr_t>(p.x);
+    // x is read as float4: its rows must start 16-byte aligned too.
+    return p.m <= stream_gemv_max_m && p.w_col_stride == e && (p.k * e) % 16 == 0 && w % 16 == 0 &&
+           p.w_row_stride % 16 == 0 && p.w_batch_stride % 16 == 0 && x % 16 == 0 &&
+           p.x_row_stride % 4 == 0 && p.x_batch_stride % 4 == 0;
+}
+
+int stream_rows_per_warp(const MatmulParams& p) {
+    // Short rows (<= 2 KiB, four loads per lane) pair up so a lane still has eight in flight.
+    return p.k * int64_t(mgl::dtype_size(p.w_type)) <= 2048 ? 2 : 1;
+}
+
+void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
+    StreamArgs a{};
+    a.w = static_cast<const uint8_t*>(p.w);
+    a.w_row_stride = p.w_row_stride;
+    a.w_batch_stride = p.w_batch_stride;
+    a.scale = p.w_scale;
+    a.scale_batch_stride = p.w_scale_batch_stride;
+    a.x = p.x;
+    a.x_row_stride = p.x_row_stride;
+    a.x_batch_stride = p.x_batch_stride;
+    a.y = p.y;
+    a.y_row_stride = p.y_row_stride;
+    a.y_batch_stride = p.y_batch_stride;
+    a.residual = p.residual;
+    a.norm = p.rms_norm;
+    a.norm_w = p.norm_w;
+    a.norm_bf16 = p.norm_w_type == mgl::dtype::bf16;
+    a.eps = p.norm_eps;
+    a.m = int(p.m);
+    a.n = int(p.n);
+    a.k = int(p.k);
+    a.chunks = int(p.k * int64_t(mgl::dtype_size(p.w_type)) / 16);
+    const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
+    const int r = stream_rows_per_warp(p);
+    if (fp8) {
+        r == 2 ? launch_r<true, 2>(a, int(p.batch), stream)
+               : launch_r<true, 1>(a, int(p.batch), stream);
+    } else {
+        r == 2 ? launch_r<false, 2>(a, int(p.batch), stream)
+               : launch_r<false, 1>(a, int(p.batch), stream);
+    }
+}
+
+}  // namespace minids::kernels::detail
