@@ -1,7 +1,10 @@
 // bench_matvec: CPU matrix-vector products (M = 1) through the mgl CPU backend, against the
 // machine's measured memory bandwidth.
 //
-//   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB] [--attention-only]
+//   build/bench_matvec [-t THREADS] [--reps N] [--pool-mib MIB] [--kernels SET] [--attention-only]
+//
+// --kernels picks the row-kernel set (scalar, avx2, avx512; default: the fastest this CPU runs),
+// so each instruction set's kernels can be timed on one machine.
 //
 // Bandwidth: a read-only sum over a buffer far larger than the last-level cache, on the same
 // number of threads, timed in slices of a size comparable to one matvec. Each shape × dtype cycles
@@ -22,6 +25,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../ggml-like/cpu/matmul_kernels.h"
 #include "../ggml-like/cpu/thread_pool.h"
 #include "mgl.h"
 
@@ -176,10 +180,10 @@ std::pair<double, double> time_graph(mgl::backend& be, mgl::graph& g, int n_thre
 // The two MLA decode ops that are not plain matvecs, at DeepSeek-V2-Lite shapes: q_nope · W_uk
 // with W_uk a transposed view of a bf16 W_kv_b, and absorbed attention over 2048 cached positions.
 // Both working sets (4 MiB, 2.4-4.7 MiB) stay in cache between calls here.
-void bench_attention_ops(int n_threads, int reps) {
+void bench_attention_ops(int n_threads, int reps, const mgl::cpu::matmul_kernels& kernels) {
     const int64_t H = 16, nope = 128, v = 128, r = 512, rope = 64, width = r + rope;
     const int64_t page_size = 64, n_ctx = 2048, n_pages = n_ctx / page_size;
-    auto be = mgl::make_cpu_backend(n_threads);
+    auto be = mgl::cpu::make_cpu_backend_with(n_threads, kernels);
     std::mt19937_64 rng(2);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     auto random_vector = [&](size_t n) {
@@ -252,12 +256,26 @@ int main(int argc, char** argv) {
     app.add_option("--reps", reps, "timed calls per shape and dtype (after warm-up)");
     app.add_option("--pool-mib", pool_mib,
                    "bytes of weight copies cycled per case (default: 3 × LLC, >= 1 GiB)");
+    std::string kernel_set;
+    app.add_option("--kernels", kernel_set,
+                   "row kernels: scalar, avx2 or avx512 (default: the fastest available)");
     bool attention_only = false;
     app.add_flag("--attention-only", attention_only,
                  "only the MLA decode ops (W_uk view, mla_attn), skipping bandwidth and matvecs");
     CLI11_PARSE(app, argc, argv);
+    mgl::cpu::matmul_kernels kernels = mgl::cpu::best_matmul_kernels();
+    if (!kernel_set.empty()) {
+        bool found = false;
+        for (const auto& k : mgl::cpu::available_matmul_kernels())
+            if (kernel_set == k.isa) kernels = k, found = true;
+        if (!found) {
+            std::fprintf(stderr, "bench_matvec: --kernels %s: not available on this CPU\n",
+                         kernel_set.c_str());
+            return 2;
+        }
+    }
     if (attention_only) {
-        bench_attention_ops(n_threads <= 0 ? mgl::physical_cores() : n_threads, reps);
+        bench_attention_ops(n_threads <= 0 ? mgl::physical_cores() : n_threads, reps, kernels);
         return 0;
     }
     if (n_threads <= 0) n_threads = mgl::physical_cores();
@@ -265,8 +283,10 @@ int main(int argc, char** argv) {
     const size_t pool_bytes =
         pool_mib ? pool_mib << 20 : std::max<size_t>(size_t(1) << 30, 3 * llc);
 
-    std::printf("machine: %s, %d threads, last-level cache %zu MiB, weight pool per case %zu MiB\n",
-                cpu_model().c_str(), n_threads, llc >> 20, pool_bytes >> 20);
+    std::printf(
+        "machine: %s, %d threads, last-level cache %zu MiB, weight pool per case %zu MiB, %s "
+        "kernels\n",
+        cpu_model().c_str(), n_threads, llc >> 20, pool_bytes >> 20, kernels.isa);
     uint64_t checksum = 0;
     const size_t bw_bytes = std::max<size_t>(pool_bytes, size_t(2) << 30), bw_slice = size_t(32)
                                                                                       << 20;
@@ -286,7 +306,7 @@ int main(int argc, char** argv) {
                             {2048, 3072, ""},
                             {2048, 102400, ""},
                             {102400, 2048, "lm_head"}};
-    auto be = mgl::make_cpu_backend(n_threads);
+    auto be = mgl::cpu::make_cpu_backend_with(n_threads, kernels);
     std::printf(
         "| N x K (out x in) | dtype | weight MB | median ms | GB/s | of bw | best GB/s | of best "
         "bw "
@@ -355,7 +375,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
         }
     }
-    bench_attention_ops(n_threads, reps);
+    bench_attention_ops(n_threads, reps, kernels);
     std::printf("\n(checksum %llu)\n", (unsigned long long)(checksum & 0xFFFF));
     return 0;
 }
