@@ -277,3 +277,63 @@ TEST_CASE("config: manifest form round-trips and is strict") {
     absurd["num_hidden_layers"] = 100000;
     CHECK(manifest_error(absurd).find("\"num_hidden_layers\"") != std::string::npos);
 }
+
+TEST_CASE("config: one field table drives the struct, both readers, the writer and the bounds") {
+    const ModelConfig c = config_from_hf_json(fixture_config());
+    const json m = config_to_json(c);
+    // Every field the writer writes is one the strict reader requires: dropping any is refused by
+    // name, and an extra one is refused too.
+    for (auto it = m.begin(); it != m.end(); ++it) {
+        CAPTURE(it.key());
+        json missing = m;
+        missing.erase(it.key());
+        try {
+            config_from_manifest_json(missing);
+            FAIL("a manifest config without \"" << it.key() << "\" was accepted");
+        } catch (const ConfigError& e) {
+            CHECK(std::string(e.what()).find("\"" + it.key() + "\" is missing") !=
+                  std::string::npos);
+        }
+    }
+    CHECK(m.size() == 30);  // 29 fields + rope_scaling
+    CHECK(m["rope_scaling"].size() == 6);
+}
+
+TEST_CASE("config: bounds that hold with or without routed experts (from the loader's check)") {
+    auto manifest_error = [](const json& j) -> std::string {
+        try {
+            config_from_manifest_json(j);
+        } catch (const ConfigError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    json dense = fixture_config();
+    dense["n_routed_experts"] = nullptr;
+    const ModelConfig c = config_from_hf_json(dense);
+    // A dense config.json's num_experts_per_tok means nothing: read as 0, not refused.
+    CHECK(c.n_routed_experts == 0);
+    CHECK(c.num_experts_per_tok == 0);
+    const json m = config_to_json(c);
+    CHECK(manifest_error(m).empty());
+    // What validate_config once checked only when the model had experts, and the reader's own
+    // check_config_bounds checked always, validate_config now checks always.
+    json k = m;
+    k["num_experts_per_tok"] = 3;
+    CHECK(manifest_error(k).find("\"num_experts_per_tok\": expected 0..0, found 3") !=
+          std::string::npos);
+    json ffn = m;
+    ffn["moe_intermediate_size"] = int64_t{1} << 40;
+    CHECK(manifest_error(ffn).find("\"moe_intermediate_size\": expected 0..") != std::string::npos);
+    json shared = m;
+    shared["n_shared_experts"] = 100000;
+    CHECK(manifest_error(shared).find("\"n_shared_experts\": expected 0..4096") !=
+          std::string::npos);
+    // The converter reads config.json through the same checks.
+    json hf = dense;
+    hf["moe_intermediate_size"] = int64_t{1} << 40;
+    CHECK(config_error(hf).find("\"moe_intermediate_size\"") != std::string::npos);
+    hf = dense;
+    hf["n_shared_experts"] = 100000;
+    CHECK(config_error(hf).find("\"n_shared_experts\"") != std::string::npos);
+}

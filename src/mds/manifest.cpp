@@ -7,15 +7,32 @@
 #include <unordered_map>
 #include <vector>
 
-#include "mds/json_fields.h"
 #include "mds/manifest_config.h"
 #include "mds/model_tensors.h"
+#include "util/json_fields.h"
+#include "util/strict_json.h"
 
 namespace minids::mds {
 
 using nlohmann::json;
 
 namespace {
+
+// Deepest nesting the manifest may use (its real depth is 4); deeper input is refused while
+// parsing, before anything recursive walks it.
+constexpr int manifest_max_depth = 16;
+
+FieldReader reader(const std::string& file, std::string path) {
+    return FieldReader(file, std::move(path), throw_as<FileError>);
+}
+
+json parse_manifest_json(std::string_view text, const std::string& file) {
+    try {
+        return parse_json_strict(text, manifest_max_depth);
+    } catch (const JsonSyntaxError& e) {
+        fail(file, "manifest", e.expected, e.found);
+    }
+}
 
 // Largest single dimension accepted; products are checked for overflow separately.
 constexpr int64_t max_shape_dim = int64_t{1} << 40;
@@ -90,7 +107,7 @@ std::vector<TensorEntry> parse_tensor_table(const json& tensors, const FileExten
     out.reserve(tensors.size());
     std::unordered_map<std::string, size_t> seen;
     for (size_t i = 0; i < tensors.size(); ++i) {
-        FieldReader r(file, "tensors[" + std::to_string(i) + "]");
+        const FieldReader r = reader(file, "tensors[" + std::to_string(i) + "]");
         const json& t = tensors[i];
         r.expect_object(t, {"name", "dtype", "shape", "offset", "nbytes", "xxh3"});
         TensorEntry e;
@@ -121,7 +138,7 @@ std::vector<TensorEntry> parse_tensor_table(const json& tensors, const FileExten
 
 ExpertPart read_part(const FieldReader& layout_reader, const json& layout, std::string_view key,
                      mgl::dtype want_type, std::vector<int64_t> want_shape, uint64_t& part_bytes) {
-    FieldReader r(layout_reader.file_name(), layout_reader.field(key));
+    const FieldReader r = layout_reader.nested(key);
     const json& p = layout_reader.object(layout, key);
     r.expect_object(p, {"offset", "dtype", "shape"});
     ExpertPart part;
@@ -152,7 +169,7 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
                  "none");
         return table;
     }
-    FieldReader r(file, "experts");
+    const FieldReader r = reader(file, "experts");
     r.expect_object(j, {"dtype", "n_embd", "n_ff", "layout", "blob_nbytes", "blobs"});
     if (n_moe_layers == 0)
         r.fail("experts", "no expert table (the config has no MoE layers)", "an expert table");
@@ -178,7 +195,7 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
     // Layout: parts inside the blob, not overlapping.
     const bool fp8 = table.dtype == mgl::dtype::f8_e4m3;
     const json& layout = r.object(j, "layout");
-    FieldReader lr(file, r.field("layout"));
+    const FieldReader lr = r.nested("layout");
     if (fp8)
         lr.expect_object(layout, {"gate", "up", "down", "gate_scale", "up_scale", "down_scale"});
     else
@@ -248,7 +265,7 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
             do ++layer;
             while (!config.is_moe_layer(layer));
         }
-        FieldReader br(file, r.field("blobs") + "[" + std::to_string(i) + "]");
+        const FieldReader br = r.nested("blobs", i);
         const json& b = blobs[i];
         br.expect_object(b, {"layer", "expert", "offset", "xxh3"});
         ExpertBlob blob;
@@ -277,7 +294,7 @@ ExpertTable parse_expert_table(const json& j, const ModelConfig& config, const F
 }
 
 void check_provenance(const json& j, const std::string& file) {
-    FieldReader r(file, "provenance");
+    const FieldReader r = reader(file, "provenance");
     if (!j.is_object()) r.fail("provenance", "an object", describe_json(j));
     for (auto it = j.begin(); it != j.end(); ++it)
         if (!it.value().is_primitive())
@@ -290,9 +307,10 @@ void check_provenance(const json& j, const std::string& file) {
 ParsedManifest parse_manifest(std::string_view text, const FileExtent& extent,
                               const std::string& file) {
     ParsedManifest out;
-    out.manifest = parse_json_strict(text, file, "manifest");
+    out.manifest = parse_manifest_json(text, file);
     const json& m = out.manifest;
-    FieldReader r(file, "");
+    const FieldReader r = reader(file, "");
+    if (!m.is_object()) fail(file, "manifest", "an object", describe_json(m));
     r.expect_object(
         m, {"format", "version", "config", "tokenizer", "tensors", "experts", "provenance"});
     if (r.string(m, "format") != "minids")
@@ -303,7 +321,6 @@ ParsedManifest parse_manifest(std::string_view text, const FileExtent& extent,
                std::to_string(version));
 
     out.config = parse_manifest_config(r.required(m, "config"), file);
-    check_config_bounds(out.config, file);
     out.tokenizer = parse_manifest_tokenizer(r.required(m, "tokenizer"), file);
     if (static_cast<int64_t>(out.tokenizer.vocab.size()) > out.config.vocab_size)
         fail(file, "tokenizer.vocab",

@@ -10,11 +10,8 @@
 
 namespace minids::mds {
 
-// Strict parses; throw FileError naming the field.
+// Strict parses, bounds included (validate_config); throw FileError naming the field.
 ModelConfig parse_manifest_config(const nlohmann::json& j, const std::string& file);
 TokenizerData parse_manifest_tokenizer(const nlohmann::json& j, const std::string& file);
-// Bounds on every size the reader multiplies (each in [lo, 2^24]) and the cross-field facts the
-// tensor checks rely on. Throws FileError.
-void check_config_bounds(const ModelConfig& c, const std::string& file);
 
 }  // namespace minids::mds

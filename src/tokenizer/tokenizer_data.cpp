@@ -12,6 +12,7 @@
 
 #include "chat/builtin_templates.h"
 #include "tokenizer/byte_level.h"
+#include "util/json_fields.h"
 
 namespace minids {
 
@@ -33,8 +34,6 @@ constexpr std::string_view kDeepSeekSplitRegexes[] = {
 
 [[noreturn]] void fail(const std::string& msg) { throw TokenizerError(msg); }
 
-std::string type_name_of(const json& j) { return j.is_null() ? "null" : j.type_name(); }
-
 // HF's `type` field of a component, or a clear error when it has none.
 std::string component_type(const json& j, const std::string& where) {
     if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
@@ -47,7 +46,7 @@ bool bool_or(const json& obj, const char* key, bool fallback) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
     if (!obj[key].is_boolean()) {
         fail(std::string("tokenizer: \"") + key + "\" should be a boolean, found " +
-             type_name_of(obj[key]));
+             describe_json(obj[key]));
     }
     return obj[key].get<bool>();
 }
@@ -149,7 +148,7 @@ std::optional<std::string> special_token_content(const json& config, const char*
         return v["content"].get<std::string>();
     }
     fail(std::string("tokenizer_config.json: \"") + key +
-         "\" should be a string or an object with \"content\", found " + type_name_of(v));
+         "\" should be a string or an object with \"content\", found " + describe_json(v));
 }
 
 std::optional<int32_t> resolve_token_id(const TokenizerData& d, const std::optional<std::string>& s,
@@ -184,66 +183,7 @@ std::string chat_template_from_config(const json& config) {
     fail(
         "tokenizer_config.json: chat_template should be a string or a list of named templates, "
         "found " +
-        type_name_of(ct));
-}
-
-// ---- strict manifest accessors ----
-
-const json& require(const json& obj, const std::string& key, json::value_t type,
-                    const std::string& where) {
-    if (!obj.is_object()) fail("tokenizer manifest: " + where + " should be an object");
-    auto it = obj.find(key);
-    if (it == obj.end()) fail("tokenizer manifest: " + where + " is missing \"" + key + "\"");
-    const bool ok = type == json::value_t::number_integer
-                        ? it->is_number_integer()
-                        : (type == json::value_t::boolean ? it->is_boolean() : it->type() == type);
-    if (!ok) {
-        fail("tokenizer manifest: \"" + key + "\" in " + where + " should be " +
-             json(type).type_name() + ", found " + type_name_of(*it));
-    }
-    return *it;
-}
-
-std::string req_string(const json& obj, const std::string& key, const std::string& where) {
-    return require(obj, key, json::value_t::string, where).get<std::string>();
-}
-bool req_bool(const json& obj, const std::string& key, const std::string& where) {
-    return require(obj, key, json::value_t::boolean, where).get<bool>();
-}
-int32_t req_id(const json& obj, const std::string& key, const std::string& where) {
-    const auto v = require(obj, key, json::value_t::number_integer, where).get<int64_t>();
-    if (v < 0 || v > INT32_MAX) {
-        fail("tokenizer manifest: \"" + key + "\" in " + where + " should be a token id, found " +
-             std::to_string(v));
-    }
-    return static_cast<int32_t>(v);
-}
-std::optional<int32_t> opt_id(const json& obj, const std::string& key, const std::string& where) {
-    if (!obj.contains(key)) fail("tokenizer manifest: " + where + " is missing \"" + key + "\"");
-    if (obj[key].is_null()) return std::nullopt;
-    return req_id(obj, key, where);
-}
-void reject_unknown_keys(const json& obj, std::initializer_list<std::string_view> known,
-                         const std::string& where) {
-    for (const auto& [key, value] : obj.items()) {
-        if (std::find(known.begin(), known.end(), key) == known.end()) {
-            fail("tokenizer manifest: unknown key \"" + key + "\" in " + where);
-        }
-    }
-}
-
-std::vector<std::string> string_array(const json& obj, const std::string& key) {
-    const json& arr = require(obj, key, json::value_t::array, "tokenizer");
-    std::vector<std::string> out;
-    out.reserve(arr.size());
-    for (size_t i = 0; i < arr.size(); ++i) {
-        if (!arr[i].is_string()) {
-            fail("tokenizer manifest: \"" + key + "\"[" + std::to_string(i) +
-                 "] should be string, found " + type_name_of(arr[i]));
-        }
-        out.push_back(arr[i].get<std::string>());
-    }
-    return out;
+        describe_json(ct));
 }
 
 void check_ids_in_range(const TokenizerData& d) {
@@ -297,7 +237,7 @@ TokenizerData tokenizer_data_from_hf(const json& tokenizer_json, const json& tok
             id.get<int64_t>() >= max_vocab_size) {
             fail("tokenizer.json: " + what + ": expected a token id in [0, " +
                  std::to_string(max_vocab_size - 1) + "], found " +
-                 (id.is_number_integer() ? id.dump() : type_name_of(id)));
+                 (id.is_number_integer() ? id.dump() : describe_json(id)));
         }
         return id.get<int64_t>();
     };
@@ -399,60 +339,64 @@ json tokenizer_data_to_json(const TokenizerData& d) {
 }
 
 TokenizerData tokenizer_data_from_json(const json& j) {
-    const std::string where = "tokenizer";
-    if (!j.is_object())
-        fail("tokenizer manifest: \"tokenizer\" should be an object, found " + type_name_of(j));
-    reject_unknown_keys(
-        j,
-        {"model", "vocab", "merges", "added_tokens", "pre_splits", "byte_level",
-         "byte_level_add_prefix_space", "bos_id", "eos_id", "add_bos", "add_eos", "chat_template"},
-        where);
+    const FieldReader r("tokenizer manifest", "", throw_as<TokenizerError>,
+                        FieldReader::Naming::quoted);
+    if (!j.is_object()) r.fail("tokenizer", "an object", describe_json(j));
+    r.expect_object(j, {"model", "vocab", "merges", "added_tokens", "pre_splits", "byte_level",
+                        "byte_level_add_prefix_space", "bos_id", "eos_id", "add_bos", "add_eos",
+                        "chat_template"});
+    auto strings = [&](const char* key) {
+        const json& arr = r.array(j, key);
+        std::vector<std::string> out;
+        out.reserve(arr.size());
+        for (size_t i = 0; i < arr.size(); ++i)
+            out.push_back(r.as_string(arr[i], r.field(key) + "[" + std::to_string(i) + "]"));
+        return out;
+    };
     TokenizerData d;
-    d.model = req_string(j, "model", where);
-    if (d.model != "bpe")
-        fail("tokenizer manifest: \"model\" should be \"bpe\", found \"" + d.model + "\"");
-    d.vocab = string_array(j, "vocab");
-    d.merges = string_array(j, "merges");
-    const json& added = require(j, "added_tokens", json::value_t::array, where);
+    d.model = r.string(j, "model");
+    if (d.model != "bpe") r.fail(r.field("model"), "\"bpe\"", describe_json(j["model"]));
+    d.vocab = strings("vocab");
+    d.merges = strings("merges");
+    const json& added = r.array(j, "added_tokens");
     for (size_t i = 0; i < added.size(); ++i) {
-        const std::string w = "added_tokens[" + std::to_string(i) + "]";
-        reject_unknown_keys(
-            added[i], {"id", "content", "special", "lstrip", "rstrip", "normalized", "single_word"},
-            w);
+        const FieldReader t = r.nested("added_tokens", i);
+        t.expect_object(added[i], {"id", "content", "special", "lstrip", "rstrip", "normalized",
+                                   "single_word"});
         AddedToken a;
-        a.id = req_id(added[i], "id", w);
-        a.content = req_string(added[i], "content", w);
-        a.special = req_bool(added[i], "special", w);
-        a.lstrip = req_bool(added[i], "lstrip", w);
-        a.rstrip = req_bool(added[i], "rstrip", w);
-        a.normalized = req_bool(added[i], "normalized", w);
-        a.single_word = req_bool(added[i], "single_word", w);
-        if (a.content.empty()) fail("tokenizer manifest: \"content\" in " + w + " is empty");
+        a.id = int32_t(t.i64(added[i], "id", 0, max_vocab_size - 1));
+        a.content = t.string(added[i], "content");
+        a.special = t.boolean(added[i], "special");
+        a.lstrip = t.boolean(added[i], "lstrip");
+        a.rstrip = t.boolean(added[i], "rstrip");
+        a.normalized = t.boolean(added[i], "normalized");
+        a.single_word = t.boolean(added[i], "single_word");
+        if (a.content.empty()) t.fail(t.field("content"), "a non-empty string", "\"\"");
         d.added_tokens.push_back(std::move(a));
     }
-    const json& splits = require(j, "pre_splits", json::value_t::array, where);
+    const json& splits = r.array(j, "pre_splits");
     for (size_t i = 0; i < splits.size(); ++i) {
-        const std::string w = "pre_splits[" + std::to_string(i) + "]";
-        reject_unknown_keys(splits[i], {"regex", "behavior", "invert"}, w);
+        const FieldReader sr = r.nested("pre_splits", i);
+        sr.expect_object(splits[i], {"regex", "behavior", "invert"});
         TokenizerData::Split s;
-        s.regex = req_string(splits[i], "regex", w);
-        s.behavior = req_string(splits[i], "behavior", w);
-        s.invert = req_bool(splits[i], "invert", w);
-        if (!known_behavior(s.behavior)) {
-            fail("tokenizer manifest: \"behavior\" in " + w +
-                 " should be isolated, removed, "
-                 "merged_with_previous, merged_with_next or contiguous, found \"" +
-                 s.behavior + "\"");
-        }
+        s.regex = sr.string(splits[i], "regex");
+        s.behavior = sr.string(splits[i], "behavior");
+        s.invert = sr.boolean(splits[i], "invert");
+        if (!known_behavior(s.behavior))
+            sr.fail(sr.field("behavior"),
+                    "isolated, removed, merged_with_previous, merged_with_next or contiguous",
+                    describe_json(splits[i]["behavior"]));
         d.pre_splits.push_back(std::move(s));
     }
-    d.byte_level = req_bool(j, "byte_level", where);
-    d.byte_level_add_prefix_space = req_bool(j, "byte_level_add_prefix_space", where);
-    d.bos_id = opt_id(j, "bos_id", where);
-    d.eos_id = opt_id(j, "eos_id", where);
-    d.add_bos = req_bool(j, "add_bos", where);
-    d.add_eos = req_bool(j, "add_eos", where);
-    d.chat_template = req_string(j, "chat_template", where);
+    d.byte_level = r.boolean(j, "byte_level");
+    d.byte_level_add_prefix_space = r.boolean(j, "byte_level_add_prefix_space");
+    for (auto [key, id] : {std::pair{"bos_id", &d.bos_id}, std::pair{"eos_id", &d.eos_id}}) {
+        const std::optional<int64_t> v = r.i64_or_null(j, key, 0, max_vocab_size - 1);
+        if (v) *id = int32_t(*v);
+    }
+    d.add_bos = r.boolean(j, "add_bos");
+    d.add_eos = r.boolean(j, "add_eos");
+    d.chat_template = r.string(j, "chat_template");
     check_ids_in_range(d);
     return d;
 }

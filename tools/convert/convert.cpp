@@ -215,6 +215,16 @@ private:
 
 }  // namespace
 
+ConvertStats ConvertStats::of_plan(const mds::MdsWriter& planned) {
+    ConvertStats st;
+    st.file_size = planned.file_size();
+    st.dense_bytes = planned.dense_bytes();
+    st.expert_bytes = planned.expert_bytes();
+    st.n_tensors = planned.n_tensors();
+    st.n_blobs = planned.n_blobs();
+    return st;
+}
+
 void check_output_path(const fs::path& out, bool force) {
     try {
         check_output_file(out, force);
@@ -279,12 +289,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     w.commit();
     progress.finish();
 
-    ConvertStats st;
-    st.file_size = w.file_size();
-    st.dense_bytes = w.dense_bytes();
-    st.expert_bytes = w.expert_bytes();
-    st.n_tensors = w.n_tensors();
-    st.n_blobs = w.n_blobs();
+    ConvertStats st = ConvertStats::of_plan(w);
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
 }

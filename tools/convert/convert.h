@@ -16,6 +16,10 @@
 
 #include "mgl.h"
 
+namespace minids::mds {
+class MdsWriter;
+}
+
 namespace minids::convert {
 
 struct ConvertOptions {
@@ -34,6 +38,9 @@ struct ConvertStats {
     size_t n_tensors = 0;
     size_t n_blobs = 0;
     double seconds = 0.0;
+
+    // The sizes of a planned file (seconds left 0), for convert and synthetic alike.
+    static ConvertStats of_plan(const mds::MdsWriter& planned);
 };
 
 // Throws InputError (bad checkpoint/config/tokenizer: exit 2), Interrupted (exit 130),

@@ -251,12 +251,7 @@ ConvertStats write_synthetic(const SyntheticOptions& opt) {
                       {"seed", opt.seed}});
     w.plan();
 
-    ConvertStats st;
-    st.file_size = w.file_size();
-    st.dense_bytes = w.dense_bytes();
-    st.expert_bytes = w.expert_bytes();
-    st.n_tensors = w.n_tensors();
-    st.n_blobs = w.n_blobs();
+    ConvertStats st = ConvertStats::of_plan(w);
     if (opt.dry_run) return st;
 
     w.open();
