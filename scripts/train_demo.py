@@ -36,44 +36,34 @@ safetensors installed; it needs no network. One run does, in order:
 7. routing    router statistics over held-out text (expert popularity, token-to-token overlap,
               distinct experts per 32-token window). Written to routing-stats.md.
 
+The code is in three files: demo_data.py (steps 1-2: corpus, tokenizer, token streams),
+demo_model.py (the config, transformers glue, rounding and the checkpoint: steps 3-5), and this one
+(the training loop, the reference, the routing statistics and the driver).
+
 Usage:  python3 scripts/train_demo.py --out OUT_DIR [--work CACHE_DIR] [--steps N]
         python3 scripts/train_demo.py --estimate-only     (size of the converted .mds, no torch)
 """
 
 import argparse
-import ast
-import hashlib
-import importlib.metadata
 import io
 import json
 import math
-import multiprocessing
 import os
-import random
 import re
-import sys
-import sysconfig
 import tarfile
 import time
-import warnings
 from pathlib import Path
 
-SEED = 1234
-BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
+from demo_data import SEED, build_corpus, encode_stream, evenly_spaced, train_tokenizer, windows
+from demo_model import (RouterTap, check_and_fix_attention, load_float64, mds_size_estimate, model_config,
+                        parameter_counts, round_like_minids, save_checkpoint, use_dense_experts)
+
 VOCAB_SIZE = 6144
 CONTEXT = 512
 VAL_FRACTION = 0.01
-TOKENIZER_TRAIN_CHARS = 40_000_000
-CORPUS_MAX_CHARS = 120_000_000
 MDS_LIMIT_BYTES = 25_000_000
-SHARD_LIMIT_BYTES = 15 * 1024 * 1024
 N_GREEDY = 32
 MAX_EPOCHS = 8
-# Only text of distributions under these licenses joins the corpus (matched in the SPDX expression,
-# else in the License field and the license classifiers); anything naming a RESTRICTED term, or
-# with no license information, stays out.
-PERMISSIVE = ("MIT", "BSD", "APACHE", "PSF", "PYTHON SOFTWARE FOUNDATION", "ISC", "ZLIB", "CC0", "UNLICENSE", "HPND")
-RESTRICTED = ("GPL", "MPL", "MOZILLA", "PROPRIETARY", "LICENSEREF-NVIDIA", "NVIDIA SOFTWARE LICENSE", "COMMERCIAL")
 PROMPTS = (
     "The following example shows how to",
     "This function returns",
@@ -84,443 +74,6 @@ PROMPTS = (
     "When the file is opened in binary mode,",
     "Note that this function",
 )
-
-# ---------------------------------------------------------------------------------------------
-# Model shape. Everything minids needs is spelled out, in the layout of DeepSeek-V2-Lite's config.
-
-
-def model_config(vocab_size, smoke):
-    if smoke:
-        shape = dict(hidden_size=64, intermediate_size=160, moe_intermediate_size=32,
-                     num_hidden_layers=3, num_attention_heads=4, kv_lora_rank=32,
-                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=16)
-    else:
-        shape = dict(hidden_size=256, intermediate_size=768, moe_intermediate_size=80,
-                     num_hidden_layers=6, num_attention_heads=8, kv_lora_rank=128,
-                     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=32)
-    cfg = {
-        "architectures": ["DeepseekV2ForCausalLM"],
-        "model_type": "deepseek_v2",
-        "attention_bias": False,
-        "hidden_act": "silu",
-        # YaRN factor 40 over 4096 original positions, as DeepSeek-V2-Lite; transformers expects
-        # max_position_embeddings = factor * original_max_position_embeddings.
-        "max_position_embeddings": 163840,
-        "rope_theta": 10000,
-        "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": False,
-        "scoring_func": "softmax",
-        "moe_layer_freq": 1,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "vocab_size": vocab_size,
-        **shape,
-        "num_key_value_heads": shape["num_attention_heads"],
-        "q_lora_rank": None,
-        "n_shared_experts": 2,
-        "num_experts_per_tok": 4,
-        "first_k_dense_replace": 1,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "greedy",
-        # transformers' DeepseekV2 ignores norm_topk_prob; false keeps minids and it in agreement.
-        "norm_topk_prob": False,
-        "routed_scaling_factor": 1.0,
-        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
-        "torch_dtype": "bfloat16",
-    }
-    return cfg
-
-
-def moe_layer_ids(cfg):
-    return [l for l in range(cfg["num_hidden_layers"])
-            if l >= cfg["first_k_dense_replace"] and l % cfg["moe_layer_freq"] == 0]
-
-
-def parameter_counts(cfg):
-    """(total, active per token) parameter counts, from the config alone."""
-    h, v = cfg["hidden_size"], cfg["vocab_size"]
-    n_head = cfg["num_attention_heads"]
-    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
-    attn = (h * n_head * qk + h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
-            + cfg["kv_lora_rank"] + cfg["kv_lora_rank"] * n_head * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
-            + n_head * cfg["v_head_dim"] * h + 2 * h)
-    expert = 3 * h * cfg["moe_intermediate_size"]
-    shared = expert * cfg["n_shared_experts"]
-    n_moe = len(moe_layer_ids(cfg))
-    n_dense = cfg["num_hidden_layers"] - n_moe
-    dense_mlp = 3 * h * cfg["intermediate_size"]
-    routed_total = n_moe * cfg["n_routed_experts"] * expert
-    routed_active = n_moe * cfg["num_experts_per_tok"] * expert
-    common = (2 * v * h + h + cfg["num_hidden_layers"] * attn + n_dense * dense_mlp
-              + n_moe * (shared + cfg["n_routed_experts"] * h))
-    return common + routed_total, common + routed_active
-
-
-def mds_size_estimate(cfg, tokenizer_bytes):
-    """Bytes of the converted .mds: BF16 dense tensors, FP8 experts with one F32 scale per output
-    row, every tensor and every expert blob padded to 4096 bytes, plus the manifest."""
-    def pad(n):
-        return (n + 4095) // 4096 * 4096
-
-    h, v = cfg["hidden_size"], cfg["vocab_size"]
-    n_head = cfg["num_attention_heads"]
-    nope, rope, vdim, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    bf16 = [v * h, v * h, h]  # embed_tokens, lm_head, final norm
-    for layer in range(cfg["num_hidden_layers"]):
-        bf16 += [h, h, n_head * (nope + rope) * h, (r + rope) * h, r, n_head * (nope + vdim) * r, h * n_head * vdim]
-        if layer in moe_layer_ids(cfg):
-            si = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
-            bf16 += [cfg["n_routed_experts"] * h, si * h, si * h, h * si]
-        else:
-            bf16 += [cfg["intermediate_size"] * h] * 3
-    dense_bytes = sum(pad(2 * n) for n in bf16)
-    mi = cfg["moe_intermediate_size"]
-    expert_blob = pad(3 * mi * h + 4 * (2 * mi + h))
-    expert_bytes = len(moe_layer_ids(cfg)) * cfg["n_routed_experts"] * expert_blob
-    manifest = pad(tokenizer_bytes + 256 * 1024)  # vocab, merges, regexes, template, tables: generous
-    return dense_bytes + expert_bytes + manifest, dense_bytes, expert_bytes
-
-
-# ---------------------------------------------------------------------------------------------
-# Corpus
-
-
-def _mostly_ascii(text):
-    return len(text.encode("ascii", "ignore")) >= 0.97 * len(text)
-
-
-def _skip_dir(name):
-    return name in ("test", "tests", "testing", "__pycache__", "site-packages", "dist-packages")
-
-
-def _python_files(root):
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
-        found += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
-    return found
-
-
-def _file_docstrings(path):
-    """The docstrings of one Python file (module, classes, functions), in ast.walk order."""
-    warnings.simplefilter("ignore")
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-        if len(source) > 3_000_000:
-            return []
-        tree = ast.parse(source)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=True)
-            if doc and 20 <= len(doc) <= 50_000:
-                out.append(doc.strip())
-    return out
-
-
-def _license(dist):
-    md = dist.metadata
-    if md.get("License-Expression"):
-        return md["License-Expression"]
-    parts = [(md.get("License") or "")[:300]] + [c for c in (md.get_all("Classifier") or []) if c.startswith("License ::")]
-    return " | ".join(p.strip() for p in parts if p.strip())
-
-
-def _permissive(license_text):
-    up = license_text.upper()
-    return any(t in up for t in PERMISSIVE) and not any(t in up for t in RESTRICTED)
-
-
-def build_corpus(log):
-    """Returns (documents, description). Deterministic for a given Python installation."""
-    dists = sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower())
-    license_of = {d.metadata["Name"] or "": _license(d) for d in dists}
-    owners = importlib.metadata.packages_distributions()  # top-level import name -> distributions
-    sources = [("python-stdlib", _python_files(sysconfig.get_paths()["stdlib"]))]  # (label, python files)
-    excluded = {}
-    for site_dir in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
-        for entry in sorted(os.listdir(site_dir)):
-            path = os.path.join(site_dir, entry)
-            if os.path.isdir(path) and not entry.endswith((".dist-info", ".egg-info", ".data")):
-                name, files = entry, _python_files(path)
-            elif entry.endswith(".py"):
-                name, files = entry[:-3], [path]
-            else:
-                continue
-            licenses_here = [license_of.get(d, "") for d in owners.get(name, [])]
-            if not licenses_here or not all(_permissive(t) for t in licenses_here):
-                if files:
-                    excluded[name] = "; ".join(t[:60] for t in licenses_here) or "no distribution metadata"
-                continue
-            sources.append((name, files))
-    versions = {}
-
-    docs, seen, seen_dists, stats = [], set(), set(), {}
-    total_chars = 0
-
-    def add(label, text):
-        nonlocal total_chars
-        text = text.strip()
-        if len(text) < 200 or not _mostly_ascii(text) or total_chars >= CORPUS_MAX_CHARS:
-            return
-        docs.append(text)
-        total_chars += len(text)
-        s = stats.setdefault(label, {"docs": 0, "chars": 0})
-        s["docs"] += 1
-        s["chars"] += len(text)
-
-    # The language reference topics (what `help("if")` prints): plain English prose.
-    try:
-        from pydoc_data.topics import topics
-        for key in sorted(topics):
-            add("pydoc_data.topics", topics[key])
-    except ImportError:
-        log("corpus: pydoc_data.topics not available")
-
-    # Long descriptions of the installed distributions (their README texts).
-    licenses = {}
-    for dist in dists:
-        name = dist.metadata["Name"] or ""
-        body = dist.metadata.get_payload() if hasattr(dist.metadata, "get_payload") else ""
-        body = body or dist.metadata.get("Description") or ""
-        if name.lower() in seen_dists:
-            continue
-        seen_dists.add(name.lower())
-        versions[name] = dist.version
-        licenses[name] = license_of[name][:80]
-        if _permissive(license_of[name]):
-            add("distribution-descriptions", body)
-        else:
-            excluded[f"{name} (description)"] = license_of[name][:60] or "no license metadata"
-
-    # spawn, not fork: the parent may hold CUDA and threads; this module imports nothing heavy.
-    with multiprocessing.get_context("spawn").Pool(min(16, os.cpu_count() or 1)) as pool:
-        for label, files in sources:
-            for file_docs in pool.imap(_file_docstrings, files, chunksize=8):
-                kept = []
-                for d in file_docs:
-                    key = hashlib.sha1(d.encode()).digest()
-                    if key not in seen:
-                        seen.add(key)
-                        kept.append(d)
-                if kept:
-                    add(label, "\n\n".join(kept))
-    random.Random(SEED).shuffle(docs)
-    sha = hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
-    description = {"documents": len(docs), "chars": total_chars, "sha256": sha, "sources": stats,
-                   "python": sys.version.split()[0], "distribution_versions": versions,
-                   "distribution_licenses": licenses, "excluded": excluded}
-    log(f"corpus: {len(docs)} documents, {total_chars / 1e6:.1f} M chars, sha256 {sha[:16]}; "
-        f"left out for their license: {', '.join(sorted(excluded))}")
-    for label, s in sorted(stats.items(), key=lambda kv: -kv[1]["chars"])[:30]:
-        log(f"  {label:28s} {s['docs']:7d} docs {s['chars'] / 1e6:8.2f} M chars")
-    return docs, description
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-def train_tokenizer(train_docs, template_dir, vocab_size, log):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    template = json.loads((template_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    parts = []
-    for p in template["pre_tokenizer"]["pretokenizers"]:
-        if p["type"] == "Split":
-            parts.append(pre_tokenizers.Split(Regex(p["pattern"]["Regex"]), behavior=p["behavior"].lower(),
-                                              invert=p["invert"]))
-        elif p["type"] == "ByteLevel":
-            parts.append(pre_tokenizers.ByteLevel(add_prefix_space=p["add_prefix_space"], use_regex=p["use_regex"]))
-        else:
-            raise RuntimeError(f"unexpected pre-tokenizer step {p['type']} in the template")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(parts)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=[BOS, EOS, PAD], max_token_length=24,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    sample, n = [], 0
-    for d in train_docs:
-        if n >= TOKENIZER_TRAIN_CHARS:
-            break
-        sample.append(d)
-        n += len(d)
-    t0 = time.time()
-    tok.train_from_iterator(sample, trainer=trainer)
-    log(f"tokenizer: trained on {len(sample)} docs ({n / 1e6:.1f} M chars) in {time.time() - t0:.0f} s, "
-        f"vocab {tok.get_vocab_size()}")
-
-    # The file is the template with the trained vocabulary and merges: the pre-tokenizer, decoder,
-    # normalizer, post-processor and special tokens are the fixture's, byte for byte.
-    trained = json.loads(tok.to_str())
-    for key in ("added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder"):
-        trained[key] = template[key]
-    trained["truncation"] = None
-    trained["padding"] = None
-    text = json.dumps(trained, ensure_ascii=False, indent=2)
-    final = Tokenizer.from_str(text)
-    for i, special in enumerate((BOS, EOS, PAD)):
-        if final.token_to_id(special) != i:
-            raise RuntimeError(f"special token {special} has id {final.token_to_id(special)}, expected {i}")
-    for d in sample[:200]:
-        a = final.encode(d, add_special_tokens=False).ids
-        if a != tok.encode(d, add_special_tokens=False).ids:
-            raise RuntimeError("the template's pre-tokenizer splits differently from the training one")
-        if final.decode(a, skip_special_tokens=False) != d:
-            raise RuntimeError("tokenizer round trip failed on a corpus document")
-    return final, text
-
-
-def windows(tokens, offsets, ctx):
-    """BOS followed by ctx - 1 stream tokens from each offset: every sequence starts like a prompt."""
-    import torch
-
-    body = tokens[offsets[:, None] + torch.arange(ctx - 1, device=tokens.device)[None, :]].long()
-    return torch.cat([torch.zeros_like(body[:, :1]), body], dim=1)
-
-
-def evenly_spaced(n_tokens, ctx, count):
-    import numpy as np
-
-    return np.linspace(0, n_tokens - ctx, count).astype(np.int64)
-
-
-def encode_stream(tok, docs):
-    """One token stream: BOS doc EOS BOS doc EOS ...; returns (int32 array, doc start offsets)."""
-    import numpy as np
-
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    pieces, starts, pos = [], [], 0
-    for i in range(0, len(docs), 20000):
-        for enc in encode(docs[i:i + 20000], add_special_tokens=False):
-            ids = [0] + enc.ids + [1]
-            starts.append(pos)
-            pos += len(ids)
-            pieces.append(np.asarray(ids, dtype=np.int32))
-    return np.concatenate(pieces), np.asarray(starts, dtype=np.int64)
-
-
-# ---------------------------------------------------------------------------------------------
-# transformers glue: scale and RoPE checks, dense experts for training, load-balancing loss
-
-
-def yarn_mscale(scale, m):
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-
-def deepseek_yarn_inv_freq(cfg):
-    """DeepSeek's own YaRN inverse frequencies (docs/DESIGN.md), in float64."""
-    rs = cfg["rope_scaling"]
-    d, base = cfg["qk_rope_head_dim"], cfg["rope_theta"]
-
-    def corr(n):
-        return d * math.log(rs["original_max_position_embeddings"] / (2 * math.pi * n)) / (2 * math.log(base))
-
-    low = max(math.floor(corr(rs["beta_fast"])), 0)
-    high = min(math.ceil(corr(rs["beta_slow"])), d - 1)
-    if low == high:
-        high += 0.001
-    out = []
-    for i in range(d // 2):
-        extra = base ** (-2 * i / d)
-        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
-        out.append(extra / rs["factor"] * ramp + extra * (1 - ramp))
-    return out
-
-
-def check_and_fix_attention(model, cfg, log):
-    """Asserts transformers' RoPE matches DeepSeek's YaRN formula, and makes every attention
-    module's softmax scale (nope+rope)^-0.5 * mscale(factor, mscale_all_dim)^2 as DeepSeek's
-    reference code has it. Returns True when a scale had to be patched."""
-    rs = cfg["rope_scaling"]
-    rotary = model.model.rotary_emb
-    got = [float(x) for x in rotary.inv_freq.double().cpu()]
-    want = deepseek_yarn_inv_freq(cfg)
-    rel = max(abs(g - w) / w for g, w in zip(got, want))
-    if len(got) != len(want) or rel > 1e-5:
-        raise RuntimeError(f"transformers' YaRN inv_freq differs from DeepSeek's formula (max rel {rel:.2e})")
-    cos_scale = yarn_mscale(rs["factor"], rs["mscale"]) / yarn_mscale(rs["factor"], rs["mscale_all_dim"])
-    if abs(float(rotary.attention_scaling) - cos_scale) > 1e-6:
-        raise RuntimeError(f"transformers' RoPE attention_scaling {rotary.attention_scaling} != {cos_scale}")
-    expected = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5 * yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2
-    patched = False
-    for layer in model.model.layers:
-        if abs(layer.self_attn.scaling / expected - 1) > 1e-9:
-            layer.self_attn.scaling = expected
-            patched = True
-    log(f"checks: YaRN inv_freq max rel diff {rel:.1e}; attention scale {expected:.6f}"
-        f"{' (PATCHED: transformers lacked the mscale^2 factor)' if patched else ' (as transformers computes it)'}")
-    return patched
-
-
-def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """Every expert on every token, weighted by the routing weights (zero where not routed):
-    two large matmuls instead of a Python loop over experts. Same function as the expert loop."""
-    import torch
-
-    n_tok, hidden = hidden_states.shape
-    n_exp, two_inter, _ = self.gate_up_proj.shape
-    inter = two_inter // 2
-    combine = torch.zeros(n_tok, n_exp, dtype=top_k_weights.dtype, device=hidden_states.device)
-    combine = combine.scatter(1, top_k_index, top_k_weights)  # [tok, E]
-    gate_up = (hidden_states @ self.gate_up_proj.reshape(n_exp * two_inter, hidden).t()).view(n_tok, n_exp, two_inter)
-    gate, up = gate_up.split(inter, dim=-1)  # [tok, E, I] each
-    act = self.act_fn(gate) * up * combine.unsqueeze(-1).to(gate.dtype)
-    down = self.down_proj.transpose(1, 2).reshape(n_exp * inter, hidden)  # [E*I, H]
-    return (act.reshape(n_tok, n_exp * inter) @ down).to(hidden_states.dtype)
-
-
-def use_dense_experts(model):
-    import types
-
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "experts"):
-            layer.mlp.experts.forward = types.MethodType(dense_experts_forward, layer.mlp.experts)
-
-
-class RouterTap:
-    """Forward pre-hooks on every MoE block: recomputes the router (as transformers does: fp32
-    logits, softmax, top-k) to get the load-balancing loss, the chosen experts, or their margin."""
-
-    def __init__(self, model, cfg, mode):
-        self.cfg, self.mode = cfg, mode
-        self.aux, self.choices, self.margins = [], {}, []
-        self.handles = []
-        for idx, layer in enumerate(model.model.layers):
-            if hasattr(layer.mlp, "experts"):
-                self.handles.append(layer.mlp.register_forward_pre_hook(self._hook(idx)))
-
-    def _hook(self, layer_idx):
-        import torch
-
-        def hook(module, args):
-            x = args[0]
-            k, n_exp = self.cfg["num_experts_per_tok"], self.cfg["n_routed_experts"]
-            logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(), module.gate.weight.float())
-            probs = logits.softmax(dim=-1, dtype=torch.float32)
-            if self.mode == "aux":
-                idx = probs.topk(k, dim=-1).indices
-                with torch.no_grad():
-                    f = torch.zeros(n_exp, device=x.device).index_add_(
-                        0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device)) / idx.numel()
-                self.aux.append(n_exp * (f * probs.mean(dim=0)).sum())
-            elif self.mode == "choices":
-                self.choices.setdefault(layer_idx, []).append(probs.topk(k, dim=-1).indices.view(*x.shape[:-1], k))
-            else:
-                top = probs.topk(k + 1, dim=-1).values
-                self.margins.append(float((top[:, k - 1] - top[:, k]).min()))
-        return hook
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-
 
 # ---------------------------------------------------------------------------------------------
 # Training
@@ -649,136 +202,6 @@ def train_model(cfg, cfg_dir, stream, val_stream, args, smoke, deadline, log):
             "attention_scale_patched": scale_patched, "max_epochs": MAX_EPOCHS,
             "window": "BOS + (context - 1) tokens from a uniformly random offset of the token stream"}
     return model, info, val_loss
-
-
-def round_like_minids(model, log):
-    """FP8 E4M3 with one F32 scale per output row for routed experts; BF16 for all else. In place."""
-    import torch
-
-    worst = 0.0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".experts." in name:
-                # gate_up_proj [E, 2I, H] and down_proj [E, H, I]: rows are output rows, the last
-                # dim is the input dim, for gate, up and down alike.
-                q = fp8_rows(p.data.float())
-                p.data.copy_(q)
-                worst = max(worst, float(((fp8_rows(q) - q).abs() / q.abs().clamp_min(1e-30)).max()))
-            else:
-                p.data.copy_(p.data.to(torch.bfloat16).float())
-    log(f"rounding: experts to FP8 rows, rest to BF16; re-quantizing the FP8 values changes them by "
-        f"at most {worst:.1e} (relative)")
-    return worst
-
-
-def fp8_rows(w):
-    import torch
-
-    absmax = w.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(absmax > 0, absmax / 448.0, torch.ones_like(absmax))
-    q = (w / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
-    if not torch.isfinite(q).all():
-        raise RuntimeError("FP8 rounding produced a non-finite value")
-    return q * scale
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoint
-
-
-def hub_state_dict(model, cfg):
-    """The trained weights under the hub's names, experts split per expert; BF16 except experts."""
-    import torch
-
-    inter = cfg["moe_intermediate_size"]
-    out = {}
-    for name, t in model.state_dict().items():
-        t = t.detach().float().cpu()
-        if name.endswith("mlp.experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter].clone()
-                out[f"{base}{e}.up_proj.weight"] = t[e, inter:].clone()
-        elif name.endswith("mlp.experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = t[e].clone()
-        else:
-            out[name] = t.to(torch.bfloat16).clone()
-    order = sorted(out, key=lambda n: _name_key(n))
-    return {n: out[n].contiguous() for n in order}
-
-
-def _name_key(name):
-    # Natural order: layers by number, experts by number, embeddings first and lm_head last.
-    parts = name.split(".")
-    key = [(0, int(p)) if p.isdigit() else (1, p) for p in parts]
-    rank = 0 if name.startswith("model.embed") else 2 if name.startswith("lm_head") else 1
-    return (rank, key)
-
-
-def save_checkpoint(model, cfg, tokenizer_text, template_dir, out_dir, log):
-    from safetensors.torch import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = hub_state_dict(model, cfg)
-    shards, current, size = [], {}, 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > SHARD_LIMIT_BYTES - 65536:
-            shards.append(current)
-            current, size = {}, 0
-        current[name] = t
-        size += nbytes
-    shards.append(current)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    if len(shards) == 1:
-        save_file(shards[0], str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
-            weight_map.update({n: fname for n in shard})
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out_dir / "tokenizer.json").write_text(tokenizer_text, encoding="utf-8")
-    tok_cfg = (template_dir / "tokenizer_config.json").read_text(encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(tok_cfg, encoding="utf-8")
-    gen_cfg = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
-    (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    log(f"checkpoint: {len(tensors)} tensors, {total / 2**20:.1f} MiB in {len(shards)} file(s)")
-
-
-def load_float64(ckpt_dir, cfg, log):
-    import torch
-    from transformers import DeepseekV2ForCausalLM
-
-    kwargs = dict(dtype=torch.float64, attn_implementation="eager", output_loading_info=True)
-    try:
-        model, info = DeepseekV2ForCausalLM.from_pretrained(ckpt_dir, experts_implementation="eager", **kwargs)
-    except (TypeError, ValueError, AttributeError, KeyError) as err:
-        log(f"reload: experts_implementation not accepted ({err}); using the default")
-        model, info = DeepseekV2ForCausalLM.from_pretrained(ckpt_dir, **kwargs)
-    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        if info.get(key):
-            raise RuntimeError(f"reloading the checkpoint: {key} {sorted(info[key])[:8]}")
-    if getattr(model.config, "_experts_implementation", "eager") not in (None, "eager"):
-        try:
-            model.config._experts_implementation = "eager"
-        except (AttributeError, ValueError) as err:
-            log(f"reload: could not select eager experts ({err})")
-    if getattr(model.config, "_experts_implementation", "eager") not in (None, "eager"):
-        log("reload: experts run through the dense path (same function) instead of transformers' loop")
-        use_dense_experts(model)
-    model.eval()
-    if next(model.parameters()).dtype != torch.float64:
-        raise RuntimeError("reloaded model is not float64")
-    patched = check_and_fix_attention(model, cfg, log)
-    log(f"reload: experts implementation {getattr(model.config, '_experts_implementation', '?')}, "
-        f"attention {getattr(model.config, '_attn_implementation', '?')}")
-    return model, patched
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1041,39 +464,6 @@ def run_pipeline(args, smoke, deadline, log):
     log(f"=== {'smoke run' if smoke else 'full run'} done")
 
 
-def run_from_checkpoint(args, log):
-    """Recomputes the routing statistics and the reference outputs of a saved checkpoint (the same
-    corpus split, encoded with the checkpoint's own tokenizer)."""
-    import torch
-    import tokenizers
-    import transformers
-    from transformers import DeepseekV2ForCausalLM
-
-    ckpt = Path(args.from_checkpoint)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((ckpt / "config.json").read_text())
-    tok = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
-    docs, _ = build_corpus(log)
-    n_val = max(8, int(len(docs) * VAL_FRACTION))
-    val_stream, _ = encode_stream(tok, docs[-n_val:])
-    model = DeepseekV2ForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).cuda()
-    check_and_fix_attention(model, cfg, log)
-    use_dense_experts(model)
-    log("routing statistics:")
-    stats = routing_statistics(model, cfg, val_stream, False, log)
-    command = f"python3 scripts/train_demo.py --from-checkpoint HF_DIR --out OUT_DIR"
-    (out_dir / "routing-stats.md").write_text(routing_markdown(stats, cfg, command))
-    (out_dir / "routing-stats.json").write_text(json.dumps(stats, indent=1))
-    del model
-    ref, patched = load_float64(str(ckpt), cfg, log)
-    log("reference (float64, CPU):")
-    chosen, candidates = greedy_reference(ref, tok, cfg, log)
-    reference = reference_document(chosen, candidates, patched, transformers.__version__)
-    (out_dir / "demo.reference.json").write_text(compact_json(reference) + "\n")
-    export_results(out_dir, args.export, log)
-
-
 def reference_document(chosen, candidates, patched, transformers_version):
     return {
         "model": "minids demo model (scripts/train_demo.py)",
@@ -1103,7 +493,6 @@ def main():
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--with-smoke", action="store_true", help="run a tiny end-to-end smoke run first")
     parser.add_argument("--smoke-only", action="store_true")
-    parser.add_argument("--from-checkpoint", help="only recompute routing statistics and reference outputs")
     parser.add_argument("--export", type=Path, default=None, help="also write results as tar parts here")
     parser.add_argument("--estimate-only", action="store_true", help="print the .mds size estimate and exit")
     args = parser.parse_args()
@@ -1124,9 +513,6 @@ def main():
     if not args.out:
         parser.error("--out is required")
     deadline = t0 + args.deadline_seconds
-    if args.from_checkpoint:
-        run_from_checkpoint(args, log)
-        return
     if args.with_smoke or args.smoke_only:
         run_pipeline(args, True, deadline, log)
     if not args.smoke_only:
