@@ -98,11 +98,10 @@ RoutingTrace load_selected(const std::string& path, const std::string& tokens) {
 
 struct SweepOptions {
     std::string slots = "10%,25%,50%";
-    std::string policies = "lru,lfu,decay,wdecay,belady";
+    std::string policies = "lru,lfu,decay,belady";
     std::string pools = "global";
     bool per_layer = false;
-    double decay_half_life = 64;
-    double wdecay_half_life = 64;
+    double decay_half_life = 128;
 };
 
 void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
@@ -112,8 +111,8 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
         ->capture_default_str();
     cmd.add_option("--policy", o.policies,
                    "policies, comma-separated: lru, lfu (counts survive eviction, ties by "
-                   "recency), decay (exponentially decayed counts), wdecay (decayed counts "
-                   "weighted by the router's weights), belady (optimal offline bound)")
+                   "recency), decay (exponentially decayed counts), belady (optimal offline "
+                   "bound)")
         ->capture_default_str();
     cmd.add_option("--pools", o.pools,
                    "global (one pool shared by all MoE layers), per-layer (a fixed share of the "
@@ -123,10 +122,6 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
     cmd.add_option("--decay-half-life", o.decay_half_life,
                    "decay: a count halves every this many accesses to its layer's experts "
                    "(top-k per token)")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
-    cmd.add_option("--wdecay-half-life", o.wdecay_half_life,
-                   "wdecay: the same for its weighted counts")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
 }
@@ -158,7 +153,6 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
                 c.n_layers = tr.shape.n_moe_layers();
                 c.n_experts = tr.shape.n_experts;
                 c.decay_half_life = o.decay_half_life;
-                c.wdecay_half_life = o.wdecay_half_life;
                 try {
                     check_config(c, tr.shape.top_k);
                 } catch (const std::invalid_argument& e) {
@@ -319,7 +313,7 @@ void add_gen(CLI::App& routing, int& exit_code) {
 void add_fit(CLI::App& routing, int& exit_code) {
     struct Opts {
         std::string trace, tokens = "all", format = "md", save;
-        int rounds = 14;
+        int rounds = 10;
         uint64_t seed = 1;
         SweepOptions sweep;
     };
@@ -334,7 +328,7 @@ void add_fit(CLI::App& routing, int& exit_code) {
     cmd->add_option("TRACE", o->trace, "recorded routing trace (.npz)")->required();
     cmd->add_option("--tokens", o->tokens, "which tokens: all, prefill or decode")
         ->capture_default_str();
-    cmd->add_option("--rounds", o->rounds, "bisection rounds")
+    cmd->add_option("--rounds", o->rounds, "bisection steps per parameter and pass")
         ->capture_default_str()
         ->check(CLI::Range(1, 40));
     cmd->add_option("-s,--seed", o->seed, "random seed of the generated traces")

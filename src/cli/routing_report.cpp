@@ -82,7 +82,6 @@ nlohmann::json row_json(const RoutingTrace& tr, const SweepRow& r) {
         return j;
     }
     if (c.policy == Policy::decay) j["decay_half_life"] = c.decay_half_life;
-    if (c.policy == Policy::wdecay) j["wdecay_half_life"] = c.wdecay_half_life;
     j["hit_rate"] = r.result.hit_rate();
     j["hits"] = r.result.hits;
     j["accesses"] = r.result.accesses;

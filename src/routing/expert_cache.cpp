@@ -12,18 +12,16 @@ const char* policy_name(Policy p) {
             return "decay";
         case Policy::belady:
             return "belady";
-        case Policy::wdecay:
-            return "wdecay";
     }
     return "?";
 }
 
 Policy parse_policy(const std::string& name) {
-    for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::wdecay, Policy::belady}) {
+    for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady}) {
         if (name == policy_name(p)) return p;
     }
     throw std::invalid_argument("unknown policy \"" + name +
-                                "\" (expected lru, lfu, decay, wdecay or belady)");
+                                "\" (expected lru, lfu, decay or belady)");
 }
 
 bool policy_is_online(Policy p) { return p != Policy::belady; }
@@ -53,7 +51,7 @@ void check_config(const CacheConfig& c, int32_t min_slots_per_pool) {
                          : std::string("")) +
             ", fewer than the " + std::to_string(min_slots_per_pool) + " a step pins (top-k)");
     }
-    if (!(c.decay_half_life > 0) || !(c.wdecay_half_life > 0)) {
+    if (!(c.decay_half_life > 0)) {
         throw std::invalid_argument("expert cache: the decay half-life must be positive");
     }
 }
@@ -98,7 +96,6 @@ std::unique_ptr<ExpertCache> make_expert_cache(const CacheConfig& c) {
         case Policy::lfu:
             return std::make_unique<CacheImpl<LfuPolicy>>(c);
         case Policy::decay:
-        case Policy::wdecay:
             return std::make_unique<CacheImpl<DecayPolicy>>(c);
         case Policy::belady:
             return std::make_unique<CacheImpl<BeladyPolicy>>(c);

@@ -28,9 +28,9 @@
 
 namespace minids::routing {
 
-enum class Policy { lru, lfu, decay, belady, wdecay };
+enum class Policy { lru, lfu, decay, belady };
 const char* policy_name(Policy p);
-// "lru", "lfu", "decay", "belady", "wdecay"; throws std::invalid_argument otherwise.
+// "lru", "lfu", "decay", "belady"; throws std::invalid_argument otherwise.
 Policy parse_policy(const std::string& name);
 // The online policies (the ones an engine can run): every policy but belady.
 bool policy_is_online(Policy p);
@@ -119,8 +119,7 @@ struct CacheConfig {
     bool per_layer = false;
     // decay: counts halve every this many accesses to one layer's experts (k per token), for
     // global and per-layer pools alike.
-    double decay_half_life = 64;
-    double wdecay_half_life = 64;  // wdecay: the same for its weight-scaled counts
+    double decay_half_life = 128;
 };
 
 // Slots of the per-layer pools: n_slots split as evenly as possible, the first layers taking
@@ -144,8 +143,7 @@ inline LfuPolicy make_policy<LfuPolicy>(const CacheConfig&, int32_t) {
 }
 template <>
 inline DecayPolicy make_policy<DecayPolicy>(const CacheConfig& c, int32_t layers_in_pool) {
-    return DecayPolicy(c.policy == Policy::wdecay ? c.wdecay_half_life : c.decay_half_life,
-                       1.0 / layers_in_pool, c.policy == Policy::wdecay);
+    return DecayPolicy(c.decay_half_life, 1.0 / layers_in_pool);
 }
 template <>
 inline BeladyPolicy make_policy<BeladyPolicy>(const CacheConfig&, int32_t) {

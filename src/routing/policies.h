@@ -22,7 +22,8 @@ struct AccessHint {
     uint64_t now = 0;  // the pool's access counter (set by the pool)
     // Belady: the access index at which this key is next used (never: max).
     int64_t next_use = std::numeric_limits<int64_t>::max();
-    float weight = 1.0f;  // the router's weight for this expert on this token
+    float weight = 1.0f;  // the router's weight for this expert on this token (unused by the
+                          // policies here; weighting decay by it did not help, see the docs)
     bool use = true;      // false for a prefetch: loads the expert without counting a use
 };
 
@@ -186,9 +187,8 @@ private:
 // that increment grows large (amortized O(1)).
 class DecayPolicy {
 public:
-    explicit DecayPolicy(double half_life = 64, double ticks_per_access = 1.0,
-                         bool weighted = false)
-        : half_life_(half_life), ticks_per_access_(ticks_per_access), weighted_(weighted) {}
+    explicit DecayPolicy(double half_life = 128, double ticks_per_access = 1.0)
+        : half_life_(half_life), ticks_per_access_(ticks_per_access) {}
     void init(int32_t n_slots, int32_t n_keys) {
         heap_.init(n_slots);
         score_.assign(size_t(n_keys), 0.0);
@@ -221,20 +221,14 @@ private:
             base_ = t;
         }
         double& s = score_[size_t(key)];
-        s += std::exp2((t - base_) / half_life_) * (weighted_ ? double(h.weight) : 1.0);
+        s += std::exp2((t - base_) / half_life_);
         return s;
     }
     double half_life_, ticks_per_access_;
-    bool weighted_;
     double base_ = 0;
     SlotHeap heap_;
     std::vector<double> score_;
 };
-
-// wdecay (weighted decay) is DecayPolicy with weighted = true: a use adds the router's weight
-// for that expert (AccessHint::weight, scaled by the simulator so a token's k weights sum to k)
-// instead of 1. An expert the router chose with a large weight sits deep inside the top-k and
-// tends to be chosen again by the next tokens; one picked last, by a small margin, tends not to.
 
 // Belady's MIN: evict the expert whose next use is farthest in the future. Offline: every
 // access must carry its key's next use (AccessHint::next_use). With the current step's experts

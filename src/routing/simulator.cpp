@@ -30,22 +30,14 @@ void run(const RoutingTrace& tr, const CacheConfig& c, const std::vector<int32_t
          SimResult& r) {
     LayeredPools<P> pools(c);
     const int32_t L = tr.shape.n_moe_layers(), k = tr.shape.top_k;
-    const bool weighted = c.policy == Policy::wdecay;
     AccessHint hint;
     int64_t i = 0;
     for (int64_t t = 0; t < tr.n_tokens; ++t) {
         for (int32_t l = 0; l < L; ++l) {
             const uint16_t* ids = tr.ids.data() + i;
-            float scale = 1.0f;
-            if (weighted) {  // a token's k weights sum to k, whatever the model's normalization
-                float sum = 0;
-                for (int32_t j = 0; j < k; ++j) sum += tr.weights[size_t(i + j)];
-                scale = sum > 0 ? float(k) / sum : 1.0f;
-            }
             int64_t hits = 0;
             for (int32_t j = 0; j < k; ++j, ++i) {
                 if (next) hint.next_use = (*next)[size_t(i)];
-                if (weighted) hint.weight = tr.weights[size_t(i)] * scale;
                 hits += pools.access(l, ids[j], hint, true).outcome == AccessResult::hit;
             }
             pools.unpin_layer(l);
@@ -75,7 +67,6 @@ SimResult simulate(const RoutingTrace& tr, CacheConfig c, const std::vector<int3
             run<LfuPolicy>(tr, c, nullptr, r);
             break;
         case Policy::decay:
-        case Policy::wdecay:
             run<DecayPolicy>(tr, c, nullptr, r);
             break;
         case Policy::belady:

@@ -224,35 +224,52 @@ FitResult fit_trace(const RoutingTrace& rec, int rounds, uint64_t seed, int64_t 
     p.shape = rec.shape;
     p.n_tokens = std::min(rec.n_tokens, max_tokens);
     p.seed = seed;
-    std::vector<double> zlo(size_t(L), 0.0), zhi(size_t(L), 3.0);
-    std::vector<double> slo(size_t(L), 0.0), shi(size_t(L), 1.0);
-    std::vector<double> clo(size_t(L), 0.0), chi(size_t(L), 1.0);
-    auto mids = [&] {
-        p.zipf.resize(size_t(L));
-        p.stickiness.resize(size_t(L));
-        p.cross_layer.resize(size_t(L));
-        for (int32_t l = 0; l < L; ++l) {
-            p.zipf[size_t(l)] = (zlo[size_t(l)] + zhi[size_t(l)]) / 2;
-            p.stickiness[size_t(l)] = (slo[size_t(l)] + shi[size_t(l)]) / 2;
-            p.cross_layer[size_t(l)] = l == 0 ? 0.0
-                                              : std::min((clo[size_t(l)] + chi[size_t(l)]) / 2,
-                                                         1.0 - p.stickiness[size_t(l)]);
-        }
-    };
-    for (int r = 0; r < rounds; ++r) {
-        mids();
-        const TraceStats got = compute_stats(generate_trace(p));
-        for (int32_t l = 0; l < L; ++l) {
-            const LayerStats &want = f.target.layers[size_t(l)], &have = got.layers[size_t(l)];
-            const size_t i = size_t(l);
-            // Entropy falls as the exponent grows; overlap and the cross statistic rise with
-            // their probabilities.
-            (have.entropy_ratio > want.entropy_ratio ? zlo[i] : zhi[i]) = p.zipf[i];
-            (have.overlap_next < want.overlap_next ? slo[i] : shi[i]) = p.stickiness[i];
-            if (l > 0) (have.cross_layer < want.cross_layer ? clo[i] : chi[i]) = p.cross_layer[i];
+    p.zipf.assign(size_t(L), 0.5);
+    p.stickiness.assign(size_t(L), 0.2);
+    p.cross_layer.assign(size_t(L), 0.0);
+    // The statistics depend on all three parameters (skew adds chance overlap, sticky layers
+    // blur the cross-layer partners), so each parameter is bisected in turn with the others
+    // held, and the whole is repeated.
+    enum Which { zipf, stick, cross };
+    for (int pass = 0; pass < 3; ++pass) {
+        for (Which w : {zipf, stick, cross}) {
+            std::vector<double> lo(size_t(L), 0.0), hi(size_t(L), w == zipf ? 3.0 : 1.0);
+            std::vector<double>& v =
+                w == zipf ? p.zipf : (w == stick ? p.stickiness : p.cross_layer);
+            for (int r = 0; r < rounds; ++r) {
+                for (int32_t l = 0; l < L; ++l) {
+                    v[size_t(l)] = (lo[size_t(l)] + hi[size_t(l)]) / 2;
+                    // stickiness + cross-layer <= 1; the first layer has no layer before it.
+                    if (w == stick)
+                        p.cross_layer[size_t(l)] =
+                            std::min(p.cross_layer[size_t(l)], 1.0 - v[size_t(l)]);
+                    if (w == cross)
+                        v[size_t(l)] =
+                            l == 0 ? 0.0 : std::min(v[size_t(l)], 1.0 - p.stickiness[size_t(l)]);
+                }
+                const TraceStats got = compute_stats(generate_trace(p));
+                for (int32_t l = 0; l < L; ++l) {
+                    const LayerStats &want = f.target.layers[size_t(l)],
+                                     &have = got.layers[size_t(l)];
+                    // Entropy falls as the exponent grows; overlap and the cross-layer
+                    // statistic rise with their probabilities.
+                    const bool raise = w == zipf    ? have.entropy_ratio > want.entropy_ratio
+                                       : w == stick ? have.overlap_next < want.overlap_next
+                                                    : have.cross_layer < want.cross_layer;
+                    (raise ? lo : hi)[size_t(l)] = v[size_t(l)];
+                }
+            }
+            for (int32_t l = 0; l < L; ++l) {
+                v[size_t(l)] = (lo[size_t(l)] + hi[size_t(l)]) / 2;
+                if (w == cross && l == 0) v[size_t(l)] = 0;
+                if (w == cross)
+                    v[size_t(l)] = std::min(v[size_t(l)], 1.0 - p.stickiness[size_t(l)]);
+                if (w == stick)
+                    p.cross_layer[size_t(l)] =
+                        std::min(p.cross_layer[size_t(l)], 1.0 - v[size_t(l)]);
+            }
         }
     }
-    mids();
     f.achieved = compute_stats(generate_trace(p));
     p.n_tokens = rec.n_tokens;
     return f;

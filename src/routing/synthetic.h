@@ -43,9 +43,10 @@ struct FitResult {
 
 // Finds, per layer, the Zipf exponent that matches the recorded entropy of popularity, the
 // stickiness that matches the next-token overlap and the cross-layer probability that
-// matches the cross-layer statistic (simultaneous bisection over `rounds` rounds, each
-// generating a trace as long as the recorded one, at most `max_tokens`).
-FitResult fit_trace(const RoutingTrace& recorded, int rounds = 14, uint64_t seed = 1,
+// matches the cross-layer statistic: each parameter bisected in turn (`rounds` steps, all
+// layers at once) with the others held, three passes, each step generating a trace as long
+// as the recorded one (at most `max_tokens`).
+FitResult fit_trace(const RoutingTrace& recorded, int rounds = 10, uint64_t seed = 1,
                     int64_t max_tokens = 50000);
 
 }  // namespace minids::routing
