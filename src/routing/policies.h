@@ -69,48 +69,53 @@ private:
 };
 
 // Binary min-heap of slots by (priority, stamp), with each slot's position kept so a slot's
-// priority can change in O(log n).
+// priority can change in O(log n). Keys are stored in the heap array itself, so a sift walks
+// contiguous memory.
 class SlotHeap {
 public:
     void init(int32_t n_slots) {
         heap_.clear();
         heap_.reserve(size_t(n_slots));
         pos_.assign(size_t(n_slots), -1);
-        prio_.assign(size_t(n_slots), 0.0);
-        stamp_.assign(size_t(n_slots), 0);
     }
     void set(int32_t slot, double prio, uint64_t stamp) {
-        prio_[size_t(slot)] = prio;
-        stamp_[size_t(slot)] = stamp;
         int32_t i = pos_[size_t(slot)];
+        const Entry e{prio, stamp, slot};
         if (i < 0) {
             i = int32_t(heap_.size());
-            heap_.push_back(slot);
+            heap_.push_back(e);
             pos_[size_t(slot)] = i;
+            sift_up(i);
+            return;
         }
-        sift_down(sift_up(i));
+        const bool up = less(e, heap_[size_t(i)]);
+        heap_[size_t(i)] = e;
+        if (up) {
+            sift_up(i);
+        } else {
+            sift_down(i);
+        }
     }
-    double prio(int32_t slot) const { return prio_[size_t(slot)]; }
     // Multiplies every priority by f > 0 (order is kept).
     void scale(double f) {
-        for (double& p : prio_) p *= f;
+        for (Entry& e : heap_) e.prio *= f;
     }
     // The lowest-ranked slot for which is_pinned is false (best-first search from the root, so
     // only the pinned slots ranked below it are looked at); -1 when every slot is pinned.
     template <class Pinned>
     int32_t lowest_unpinned(Pinned is_pinned) {
         if (heap_.empty()) return -1;
-        if (!is_pinned(heap_[0])) return heap_[0];
+        if (!is_pinned(heap_[0].slot)) return heap_[0].slot;
         frontier_.clear();
         frontier_.push_back(0);
         while (!frontier_.empty()) {
             size_t best = 0;  // the frontier stays small (pinned slots + 1), a scan is enough
             for (size_t j = 1; j < frontier_.size(); ++j)
-                if (less(frontier_[j], frontier_[best])) best = j;
+                if (less(heap_[size_t(frontier_[j])], heap_[size_t(frontier_[best])])) best = j;
             const int32_t i = frontier_[best];
             frontier_[best] = frontier_.back();
             frontier_.pop_back();
-            if (!is_pinned(heap_[size_t(i)])) return heap_[size_t(i)];
+            if (!is_pinned(heap_[size_t(i)].slot)) return heap_[size_t(i)].slot;
             for (int32_t c : {2 * i + 1, 2 * i + 2})
                 if (c < int32_t(heap_.size())) frontier_.push_back(c);
         }
@@ -118,38 +123,41 @@ public:
     }
 
 private:
-    bool less(int32_t i, int32_t j) const {  // heap positions
-        const int32_t a = heap_[size_t(i)], b = heap_[size_t(j)];
-        if (prio_[size_t(a)] != prio_[size_t(b)]) return prio_[size_t(a)] < prio_[size_t(b)];
-        return stamp_[size_t(a)] < stamp_[size_t(b)];
+    struct Entry {
+        double prio;
+        uint64_t stamp;
+        int32_t slot;
+    };
+    static bool less(const Entry& a, const Entry& b) {
+        return a.prio < b.prio || (a.prio == b.prio && a.stamp < b.stamp);
     }
-    void swap_at(int32_t i, int32_t j) {
-        std::swap(heap_[size_t(i)], heap_[size_t(j)]);
-        pos_[size_t(heap_[size_t(i)])] = i;
-        pos_[size_t(heap_[size_t(j)])] = j;
+    void place(int32_t i, const Entry& e) {
+        heap_[size_t(i)] = e;
+        pos_[size_t(e.slot)] = i;
     }
-    int32_t sift_up(int32_t i) {
-        while (i > 0 && less(i, (i - 1) / 2)) {
-            swap_at(i, (i - 1) / 2);
+    void sift_up(int32_t i) {
+        const Entry e = heap_[size_t(i)];
+        while (i > 0 && less(e, heap_[size_t((i - 1) / 2)])) {
+            place(i, heap_[size_t((i - 1) / 2)]);
             i = (i - 1) / 2;
         }
-        return i;
+        place(i, e);
     }
     void sift_down(int32_t i) {
         const int32_t n = int32_t(heap_.size());
+        const Entry e = heap_[size_t(i)];
         for (;;) {
-            int32_t m = i;
-            const int32_t l = 2 * i + 1, r = l + 1;
-            if (l < n && less(l, m)) m = l;
-            if (r < n && less(r, m)) m = r;
-            if (m == i) return;
-            swap_at(i, m);
-            i = m;
+            int32_t c = 2 * i + 1;
+            if (c >= n) break;
+            if (c + 1 < n && less(heap_[size_t(c + 1)], heap_[size_t(c)])) ++c;
+            if (!less(heap_[size_t(c)], e)) break;
+            place(i, heap_[size_t(c)]);
+            i = c;
         }
+        place(i, e);
     }
-    std::vector<int32_t> heap_, pos_, frontier_;
-    std::vector<double> prio_;
-    std::vector<uint64_t> stamp_;
+    std::vector<Entry> heap_;
+    std::vector<int32_t> pos_, frontier_;
 };
 
 // Least frequently used. A key's use count is kept after its eviction (an expert that comes
@@ -188,11 +196,14 @@ private:
 class DecayPolicy {
 public:
     explicit DecayPolicy(double half_life = 128, double ticks_per_access = 1.0)
-        : half_life_(half_life), ticks_per_access_(ticks_per_access) {}
+        : half_life_(half_life),
+          ticks_per_access_(ticks_per_access),
+          step_(std::exp2(ticks_per_access / half_life)) {}
     void init(int32_t n_slots, int32_t n_keys) {
         heap_.init(n_slots);
         score_.assign(size_t(n_keys), 0.0);
         base_ = 0;
+        inc_now_ = UINT64_MAX;
     }
     void on_hit(int32_t slot, int32_t key, const AccessHint& h) {
         if (!h.use) return;
@@ -219,13 +230,23 @@ private:
             for (double& s : score_) s *= f;
             heap_.scale(f);
             base_ = t;
+            inc_now_ = UINT64_MAX;
+        }
+        // 2^((t - base) / half_life), by one multiplication when time moved by one access.
+        if (h.now != inc_now_) {
+            inc_ = inc_now_ != UINT64_MAX && h.now == inc_now_ + 1
+                       ? inc_ * step_
+                       : std::exp2((t - base_) / half_life_);
+            inc_now_ = h.now;
         }
         double& s = score_[size_t(key)];
-        s += std::exp2((t - base_) / half_life_);
+        s += inc_;
         return s;
     }
-    double half_life_, ticks_per_access_;
+    double half_life_, ticks_per_access_, step_;
     double base_ = 0;
+    double inc_ = 1;
+    uint64_t inc_now_ = UINT64_MAX;
     SlotHeap heap_;
     std::vector<double> score_;
 };
