@@ -22,6 +22,8 @@ size_t dtype_size(dtype t) {
             return 1;
         case dtype::i32:
             return 4;
+        case dtype::i64:
+            return 8;
     }
     fail(__FILE__, __LINE__, "dtype_size: unknown dtype " + std::to_string(int(t)));
 }
@@ -38,12 +40,14 @@ const char* dtype_name(dtype t) {
             return "f8_e4m3";
         case dtype::i32:
             return "i32";
+        case dtype::i64:
+            return "i64";
     }
     return "unknown";
 }
 
 bool dtype_from_name(const std::string& name, dtype& out) {
-    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::f8_e4m3, dtype::i32}) {
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::f8_e4m3, dtype::i32, dtype::i64}) {
         if (name == dtype_name(t)) {
             out = t;
             return true;
@@ -170,6 +174,11 @@ void to_f32(dtype src_type, const void* src, float* dst, size_t n) {
         }
         case dtype::i32: {
             auto s = static_cast<const int32_t*>(src);
+            for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+            return;
+        }
+        case dtype::i64: {
+            auto s = static_cast<const int64_t*>(src);
             for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
             return;
         }

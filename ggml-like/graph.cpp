@@ -1,5 +1,6 @@
 // Graph building (topological order) and the liveness-based arena plan for intermediates.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -103,8 +104,15 @@ graph build_graph(context& c, std::initializer_list<tensor*> outputs) {
     return build_graph(c, std::span<tensor* const>(outputs.begin(), outputs.size()));
 }
 
+uint64_t new_graph_version() {
+    // Only an identity for "what a backend recorded for this graph"; never reused in a process.
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 graph build_graph(context&, std::span<tensor* const> outputs) {
     graph g;
+    g.version = new_graph_version();
     std::unordered_set<tensor*> seen;
     for (tensor* out : outputs) {
         MGL_CHECK(out != nullptr, "build_graph: null output");
@@ -164,6 +172,33 @@ alloc_plan plan_allocation(const graph& g, size_t alignment) {
     }
     plan.arena_bytes = arena.size();
     return plan;
+}
+
+void clear_plan(graph& g, const buffer* arena) {
+    for (tensor* n : g.nodes) {
+        if (alias_source(*n) || (arena && n->buf == arena)) {
+            n->data = nullptr;
+            n->buf = nullptr;
+        }
+    }
+}
+
+const char* memory_kind_name(memory_kind k) {
+    switch (k) {
+        case memory_kind::host:
+            return "host";
+        case memory_kind::pinned_host:
+            return "pinned host";
+        case memory_kind::device:
+            return "device";
+    }
+    return "unknown";
+}
+
+void backend::check_not_stale(const graph& g) {
+    MGL_CHECK(g.placed_in != nullptr, "compute: the graph was not allocated");
+    MGL_CHECK(g.placed_in->generation == g.arena_generation,
+              "compute: the graph's arena grew after it was allocated; allocate it again");
 }
 
 void apply_plan(graph& g, const alloc_plan& plan, buffer& arena) {

@@ -28,7 +28,7 @@ void check_i32_vector(const tensor* t, const char* op, const char* what) {
               std::string(op) + ": " + what + " must be an i32 vector, found " + describe(*t));
 }
 
-bool is_float_type(dtype t) { return t != dtype::i32; }
+bool is_float_type(dtype t) { return t != dtype::i32 && t != dtype::i64; }
 
 bool is_weight_type(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f8_e4m3; }
 
@@ -202,23 +202,56 @@ tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_para
     return t;
 }
 
-tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w,
-                    std::shared_ptr<const expert_set> experts) {
+tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table,
+                    std::shared_ptr<const expert_layout> layout, shared_expert shared) {
     check_f32(x, "moe_experts", "x");
     check_f32(w, "moe_experts", "w");
-    MGL_CHECK(experts != nullptr, "moe_experts: null expert set");
-    MGL_CHECK(is_weight_type(experts->type),
-              "moe_experts: expert dtype must be f32, bf16 or f8_e4m3");
-    MGL_CHECK(
-        x->n_dims == 2 && x->shape[1] == experts->n_embd,
-        "moe_experts: x " + describe(*x) + " must be [T, " + std::to_string(experts->n_embd) + "]");
+    MGL_CHECK(layout != nullptr, "moe_experts: null expert layout");
+    const expert_layout& L = *layout;
+    MGL_CHECK(is_weight_type(L.type), "moe_experts: expert dtype must be f32, bf16 or f8_e4m3");
+    MGL_CHECK(L.n_embd > 0 && L.n_ff > 0 && L.blob_bytes > 0,
+              "moe_experts: layout sizes must be positive");
+    const uint64_t es = dtype_size(L.type), mat = uint64_t(L.n_embd * L.n_ff) * es;
+    const bool fp8 = L.type == dtype::f8_e4m3;
+    for (auto [off, n] : {std::pair{L.gate, mat},
+                          {L.up, mat},
+                          {L.down, mat},
+                          {L.gate_scale, fp8 ? uint64_t(L.n_ff) * 4 : 0},
+                          {L.up_scale, fp8 ? uint64_t(L.n_ff) * 4 : 0},
+                          {L.down_scale, fp8 ? uint64_t(L.n_embd) * 4 : 0}}) {
+        MGL_CHECK(off + n <= L.blob_bytes, "moe_experts: a part at offset " + std::to_string(off) +
+                                               " of " + std::to_string(n) +
+                                               " bytes passes the blob of " +
+                                               std::to_string(L.blob_bytes));
+    }
+    MGL_CHECK(x->n_dims == 2 && x->shape[1] == L.n_embd,
+              "moe_experts: x " + describe(*x) + " must be [T, " + std::to_string(L.n_embd) + "]");
     MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->shape[0] == x->shape[0],
               "moe_experts: ids must be i32 [T, k] matching x " + describe(*x));
     MGL_CHECK(w->n_dims == 2 && w->shape == ids->shape,
               "moe_experts: weights " + describe(*w) + " must match ids " + describe(*ids));
+    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
+              "moe_experts: table must be a contiguous i64 vector of blob addresses");
+    const bool has_shared = shared.gate || shared.up || shared.down;
+    if (has_shared) {
+        MGL_CHECK(shared.gate && shared.up && shared.down,
+                  "moe_experts: the shared expert needs gate, up and down");
+        for (tensor* m : {shared.gate, shared.up, shared.down}) {
+            MGL_CHECK(m->n_dims == 2 && (m->type == dtype::f32 || m->type == dtype::bf16),
+                      "moe_experts: shared expert weight " + describe(*m) +
+                          " must be a 2-D f32/bf16 matrix");
+        }
+        const int64_t F = shared.gate->shape[0], D = L.n_embd;
+        MGL_CHECK(shared.gate->shape == shared.up->shape && shared.gate->shape[1] == D &&
+                      shared.down->shape[0] == D && shared.down->shape[1] == F,
+                  "moe_experts: shared expert shapes " + describe(*shared.gate) + ", " +
+                      describe(*shared.up) + ", " + describe(*shared.down) +
+                      " do not form gate/up [F, " + std::to_string(D) + "], down [" +
+                      std::to_string(D) + ", F]");
+    }
     tensor* t = c.new_node(op::moe_experts, dtype::f32, dims_of(*x));
-    t->src = {x, ids, w};
-    t->experts = std::move(experts);
+    t->src = {x, ids, w, table, shared.gate, shared.up, shared.down};
+    t->experts = std::move(layout);
     return t;
 }
 
@@ -234,7 +267,7 @@ void check_pages(const tensor* pages, const tensor* page_table, const char* op) 
 }  // namespace
 
 tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
-                 int n_past) {
+                 tensor* positions) {
     check_pages(pages, page_table, "kv_store");
     check_f32(kv_c, "kv_store", "kv_c");
     check_f32(k_pe, "kv_store", "k_pe");
@@ -242,18 +275,17 @@ tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, te
                   kv_c->shape[1] + k_pe->shape[1] == pages->shape[2],
               "kv_store: kv_c " + describe(*kv_c) + " and k_pe " + describe(*k_pe) +
                   " do not fill rows of " + describe(*pages));
-    MGL_CHECK(n_past >= 0 && n_past + kv_c->shape[0] <= page_table->shape[0] * pages->shape[1],
-              "kv_store: positions up to " + std::to_string(n_past + kv_c->shape[0]) +
-                  " exceed the page table's capacity");
+    check_i32_vector(positions, "kv_store", "positions");
+    MGL_CHECK(positions->shape[0] == kv_c->shape[0],
+              "kv_store: " + describe(*positions) + " positions for " + describe(*kv_c));
     tensor* t = c.new_node(op::kv_store, pages->type, dims_of(*pages));
     t->stride = pages->stride;
-    t->src = {pages, page_table, kv_c, k_pe};
-    t->iparams[0] = n_past;
+    t->src = {pages, page_table, kv_c, k_pe, positions};
     return t;
 }
 
 tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor* page_table,
-                 int n_past, float scale) {
+                 tensor* positions, float scale) {
     check_pages(pages, page_table, "mla_attn");
     check_f32(q_lat, "mla_attn", "q_lat");
     check_f32(q_pe, "mla_attn", "q_pe");
@@ -262,18 +294,17 @@ tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor*
                   q_lat->shape[2] + q_pe->shape[2] == pages->shape[2],
               "mla_attn: q_lat " + describe(*q_lat) + " and q_pe " + describe(*q_pe) +
                   " do not match rows of " + describe(*pages));
-    MGL_CHECK(n_past >= 0 && n_past + q_lat->shape[0] <= page_table->shape[0] * pages->shape[1],
-              "mla_attn: positions up to " + std::to_string(n_past + q_lat->shape[0]) +
-                  " exceed the page table's capacity");
+    check_i32_vector(positions, "mla_attn", "positions");
+    MGL_CHECK(positions->shape[0] == q_lat->shape[0],
+              "mla_attn: " + describe(*positions) + " positions for " + describe(*q_lat));
     tensor* t = c.new_node(op::mla_attn, dtype::f32, dims_of(*q_lat));
-    t->src = {q_lat, q_pe, pages, page_table};
-    t->iparams[0] = n_past;
+    t->src = {q_lat, q_pe, pages, page_table, positions};
     t->fparams[0] = scale;
     return t;
 }
 
 tensor* cpy(context& c, tensor* src, tensor* dst) {
-    MGL_CHECK(src && dst && src->type != dtype::i32, "cpy: src must be a float tensor");
+    MGL_CHECK(src && dst && is_float_type(src->type), "cpy: src must be a float tensor");
     MGL_CHECK(dst->type == dtype::f32 || dst->type == dtype::bf16 || dst->type == dtype::f16,
               "cpy: dst must be f32, bf16 or f16, found " + describe(*dst));
     MGL_CHECK(src->nelements() == dst->nelements() && src->n_dims == dst->n_dims &&
@@ -286,14 +317,14 @@ tensor* cpy(context& c, tensor* src, tensor* dst) {
 }
 
 tensor* contiguous(context& c, tensor* a) {
-    MGL_CHECK(a && a->type != dtype::i32, "contiguous: a must be a float tensor");
+    MGL_CHECK(a && is_float_type(a->type), "contiguous: a must be a float tensor");
     tensor* t = c.new_node(op::contiguous, dtype::f32, dims_of(*a));
     t->src[0] = a;
     return t;
 }
 
 tensor* concat(context& c, tensor* a, tensor* b, int dim) {
-    MGL_CHECK(a && b && a->type != dtype::i32 && b->type != dtype::i32,
+    MGL_CHECK(a && b && is_float_type(a->type) && is_float_type(b->type),
               "concat: inputs must be float tensors");
     MGL_CHECK(
         a->n_dims == b->n_dims && dim >= 0 && dim < a->n_dims,

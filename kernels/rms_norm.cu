@@ -1,5 +1,7 @@
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "cuda_check.h"
 #include "rms_norm.h"
 
@@ -9,9 +11,10 @@ namespace {
 constexpr int block_threads = 256;
 
 // One block per row: a block-wide sum of squares, then a scaled write.
-__global__ void rms_norm_kernel(RmsNormParams p) {
-    const float* x = p.x + int64_t(blockIdx.x) * p.dim;
-    float* y = p.y + int64_t(blockIdx.x) * p.dim;
+template <typename W>
+__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t ys) {
+    const float* x = p.x + int64_t(blockIdx.x) * xs;
+    float* y = p.y + int64_t(blockIdx.x) * ys;
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < p.dim; i += block_threads) ss += x[i] * x[i];
     __shared__ float partial[block_threads / 32];
@@ -26,10 +29,17 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
         if (threadIdx.x == 0) partial[0] = v;
     }
     __syncthreads();
-    const float inv = rsqrtf(partial[0] / float(p.dim) + p.eps);
-    const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(p.w);
+    const float inv = 1.0f / sqrtf(partial[0] / float(p.dim) + p.eps);
+    const W* w = static_cast<const W*>(p.w);
     for (int64_t i = threadIdx.x; i < p.dim; i += block_threads) {
-        const float wi = w ? __bfloat162float(w[i]) : 1.0f;
+        float wi = 1.0f;
+        if (w) {
+            if constexpr (sizeof(W) == 2) {
+                wi = __bfloat162float(w[i]);
+            } else {
+                wi = w[i];
+            }
+        }
         y[i] = wi * (x[i] * inv);
     }
 }
@@ -37,12 +47,22 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 }  // namespace
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
-    if (p.rows <= 0 || p.dim <= 0 || p.rows > 0x7fffffff) {
+    if (p.rows <= 0 || p.dim <= 0 || p.rows > 0x7fffffff || !p.x || !p.y) {
         ::mgl::fail(__FILE__, __LINE__,
                     "rms_norm: unsupported shape (rows, dim) = (" + std::to_string(p.rows) + ", " +
-                        std::to_string(p.dim) + ")");
+                        std::to_string(p.dim) + ") or null x / y");
     }
-    rms_norm_kernel<<<unsigned(p.rows), block_threads, 0, stream>>>(p);
+    if (p.w && p.w_type != mgl::dtype::bf16 && p.w_type != mgl::dtype::f32) {
+        ::mgl::fail(
+            __FILE__, __LINE__,
+            std::string("rms_norm: weight must be bf16 or f32, got ") + mgl::dtype_name(p.w_type));
+    }
+    const int64_t xs = p.x_stride ? p.x_stride : p.dim, ys = p.y_stride ? p.y_stride : p.dim;
+    if (p.w_type == mgl::dtype::f32) {
+        rms_norm_kernel<float><<<unsigned(p.rows), block_threads, 0, stream>>>(p, xs, ys);
+    } else {
+        rms_norm_kernel<__nv_bfloat16><<<unsigned(p.rows), block_threads, 0, stream>>>(p, xs, ys);
+    }
     CUDA_CHECK_LAUNCH();
 }
 

@@ -231,8 +231,11 @@ void bench_attention_ops(int n_threads, int reps) {
         q_lat->data = ql.data();
         mgl::tensor* q_pe = ctx.new_tensor(mgl::dtype::f32, {1, H, rope}, "q_pe");
         q_pe->data = qp.data();
-        mgl::graph g = mgl::build_graph(
-            ctx, {mgl::mla_attn(ctx, q_lat, q_pe, pages, pt, int(n_ctx - 1), 0.1f)});
+        int32_t last_position = int32_t(n_ctx - 1);
+        mgl::tensor* pos = ctx.new_tensor(mgl::dtype::i32, {1}, "positions");
+        pos->data = &last_position;
+        mgl::graph g =
+            mgl::build_graph(ctx, {mgl::mla_attn(ctx, q_lat, q_pe, pages, pt, pos, 0.1f)});
         auto [wall, cpu] = time_graph(*be, g, n_threads, reps);
         std::printf("| mla_attn, %lld cached positions, %s cache, 16 heads | %.3f | %.3f |\n",
                     (long long)n_ctx, mgl::dtype_name(cache_type), wall, cpu);

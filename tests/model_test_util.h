@@ -46,15 +46,15 @@ inline std::filesystem::path converted_fixture(mgl::dtype experts) {
 
 struct TestModel {
     std::unique_ptr<mds::MdsFile> file;
+    std::unique_ptr<mgl::backend> backend;  // before the model, which places weights for it
     std::unique_ptr<Deepseek2Model> model;
-    std::unique_ptr<mgl::backend> backend;
 };
 
 inline TestModel open_test_model(const std::filesystem::path& path, int threads = 2) {
     TestModel m;
     m.file = mds::MdsFile::open(path.string());
-    m.model = std::make_unique<Deepseek2Model>(*m.file);
     m.backend = mgl::make_cpu_backend(threads);
+    m.model = std::make_unique<Deepseek2Model>(*m.file, *m.backend);
     return m;
 }
 

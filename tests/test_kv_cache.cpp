@@ -26,6 +26,7 @@ KvCacheParams small_params() {
 
 std::vector<int32_t> download_table(mgl::backend& be, LatentKvCache& cache, int seq) {
     mgl::context ctx;
+    cache.sync(seq);
     mgl::tensor* t = cache.page_table(ctx, seq);
     std::vector<int32_t> v(size_t(t->nelements()));
     be.download(*t, v.data(), 0, v.size() * sizeof(int32_t));
@@ -39,13 +40,19 @@ void store_rows(mgl::backend& be, LatentKvCache& cache, int seq, int64_t layer, 
     const int64_t r = cache.width() - 6;
     mgl::tensor* tc = ctx.new_tensor(mgl::dtype::f32, {T, r}, "c");
     mgl::tensor* tk = ctx.new_tensor(mgl::dtype::f32, {T, 6}, "k_pe");
-    auto inputs = be.alloc_buffer(mgl::nbytes(*tc) + mgl::nbytes(*tk));
+    mgl::tensor* tp = ctx.new_tensor(mgl::dtype::i32, {T}, "positions");
+    auto inputs = be.alloc_buffer(mgl::nbytes(*tc) + mgl::nbytes(*tk) + mgl::nbytes(*tp));
     mgl::bind(*tc, *inputs, 0);
     mgl::bind(*tk, *inputs, mgl::nbytes(*tc));
+    mgl::bind(*tp, *inputs, mgl::nbytes(*tc) + mgl::nbytes(*tk));
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(n_past + t);
     be.upload(*tc, c.data(), 0, mgl::nbytes(*tc));
     be.upload(*tk, k_pe.data(), 0, mgl::nbytes(*tk));
-    mgl::tensor* out = mgl::kv_store(ctx, cache.layer_pages(ctx, layer), cache.page_table(ctx, seq),
-                                     tc, tk, int(n_past));
+    be.upload(*tp, pos.data(), 0, mgl::nbytes(*tp));
+    cache.sync(seq);
+    mgl::tensor* out =
+        mgl::kv_store(ctx, cache.layer_pages(ctx, layer), cache.page_table(ctx, seq), tc, tk, tp);
     mgl::graph g = mgl::build_graph(ctx, {out});
     be.allocate(g);
     be.compute(g);

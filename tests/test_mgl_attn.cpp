@@ -84,10 +84,13 @@ TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill,
             mgl::tensor* q_lat = h.random(dtype::f32, {T, H, r}, seed++, -1.0f, 1.0f, "q_lat");
             mgl::tensor* q = h.random(dtype::f32, {T, H, 5 + rope}, seed++, -1.0f, 1.0f, "q");
             mgl::tensor* q_pe = mgl::slice(h.ctx, q, 2, 5, rope);
-            mgl::tensor* stored = mgl::kv_store(h.ctx, pages, page_table, kv_c, k_pe, int(n_past));
+            std::vector<int32_t> pos(static_cast<size_t>(T));
+            for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(n_past + t);
+            mgl::tensor* positions = h.i32({T}, pos, "positions");
+            mgl::tensor* stored = mgl::kv_store(h.ctx, pages, page_table, kv_c, k_pe, positions);
             CHECK(stored->type == cache_type);
             mgl::tensor* o =
-                mgl::mla_attn(h.ctx, q_lat, q_pe, stored, page_table, int(n_past), scale);
+                mgl::mla_attn(h.ctx, q_lat, q_pe, stored, page_table, positions, scale);
             CHECK(o->shape == q_lat->shape);
             auto got = h.run(o);
 
@@ -126,12 +129,17 @@ TEST_CASE("mgl kv_store + mla_attn: capacity and page-table errors") {
     mgl::tensor* table = h.i32({2}, {1, 7}, "page_table");  // logical page 1 points nowhere
     mgl::tensor* c = h.random(dtype::f32, {2, r}, 600);
     mgl::tensor* k = h.random(dtype::f32, {2, rope}, 601);
-    // 2 logical pages of 4 positions: writing positions 7 .. 8 exceeds the table.
-    CHECK_THROWS_AS(mgl::kv_store(h.ctx, pages, table, c, k, 7), mgl::error);
+    // 2 logical pages of 4 positions: writing positions 7 .. 8 exceeds the table (the positions
+    // are data, so this is found when the graph runs).
+    CHECK_THROWS_AS(h.run(mgl::kv_store(h.ctx, pages, table, c, k, h.i32({2}, {7, 8}, "p78"))),
+                    mgl::error);
     // Positions 3 .. 4 reach logical page 1 -> physical 7, which does not exist.
-    CHECK_THROWS_AS(h.run(mgl::kv_store(h.ctx, pages, table, c, k, 3)), mgl::error);
+    CHECK_THROWS_AS(h.run(mgl::kv_store(h.ctx, pages, table, c, k, h.i32({2}, {3, 4}, "p34"))),
+                    mgl::error);
+    // Positions and tokens must agree in count.
+    CHECK_THROWS_AS(mgl::kv_store(h.ctx, pages, table, c, k, h.i32({1}, {0}, "p0")), mgl::error);
     mgl::tensor* q_lat = h.random(dtype::f32, {1, H, r + 1}, 602);
     mgl::tensor* q_pe = h.random(dtype::f32, {1, H, rope}, 603);
-    CHECK_THROWS_AS(mgl::mla_attn(h.ctx, q_lat, q_pe, pages, table, 0, 1.0f),
+    CHECK_THROWS_AS(mgl::mla_attn(h.ctx, q_lat, q_pe, pages, table, h.i32({1}, {0}, "p"), 1.0f),
                     mgl::error);  // width mismatch
 }

@@ -117,69 +117,86 @@ TEST_CASE("mgl moe_weights: normalized top-k, or scaled by routed_scaling_factor
 
 namespace {
 
-// Experts stored as `type` with random values; scales random for f8. Keeps the bytes alive.
+// Experts stored as `type` with random values, one blob per expert laid out like the .mds blob
+// (gate, up, down, then the f8 row scales); scales random for f8. Keeps the bytes alive.
 struct expert_fixture {
     std::vector<std::vector<uint8_t>> blobs;
-    std::vector<std::vector<float>> scales;
-    std::shared_ptr<mgl::expert_set> set = std::make_shared<mgl::expert_set>();
+    std::shared_ptr<mgl::expert_layout> layout = std::make_shared<mgl::expert_layout>();
+    std::vector<int64_t> table;  // blob addresses, the moe_experts table
     // Decoded (dequantized, scaled) weights for the reference: [expert][gate|up|down] row-major.
     std::vector<std::array<std::vector<double>, 3>> real;
 
     expert_fixture(dtype type, int n_experts, int64_t D, int64_t F, uint64_t seed) {
-        set->type = type;
-        set->n_embd = D;
-        set->n_ff = F;
-        blobs.reserve(size_t(n_experts) * 3);
-        scales.reserve(size_t(n_experts) * 3);
+        auto& L = *layout;
+        L.type = type;
+        L.n_embd = D;
+        L.n_ff = F;
+        const uint64_t mat = uint64_t(D * F) * mgl::dtype_size(type);
+        auto up16 = [](uint64_t n) { return (n + 15) / 16 * 16; };
+        L.gate = 0;
+        L.up = up16(mat);
+        L.down = 2 * up16(mat);
+        L.gate_scale = 3 * up16(mat);
+        L.up_scale = L.gate_scale + up16(uint64_t(F) * 4);
+        L.down_scale = L.up_scale + up16(uint64_t(F) * 4);
+        L.blob_bytes = L.down_scale + uint64_t(D) * 4;
+        const uint64_t offsets[3] = {L.gate, L.up, L.down};
+        const uint64_t scale_offsets[3] = {L.gate_scale, L.up_scale, L.down_scale};
         for (int e = 0; e < n_experts; ++e) {
-            mgl::expert_weights ew;
+            auto& blob = blobs.emplace_back(L.blob_bytes, uint8_t(0));
             std::array<std::vector<double>, 3> r;
             for (int which = 0; which < 3; ++which) {
                 int64_t rows = which == 2 ? D : F, cols = which == 2 ? F : D;
                 auto v = minids::test::random_floats(size_t(rows * cols), seed++, -0.5f, 0.5f);
-                auto& blob = blobs.emplace_back(v.size() * mgl::dtype_size(type));
-                auto& sc = scales.emplace_back(
-                    minids::test::random_floats(size_t(rows), seed++, 0.02f, 0.2f));
+                auto sc = minids::test::random_floats(size_t(rows), seed++, 0.02f, 0.2f);
+                uint8_t* w = blob.data() + offsets[which];
                 for (size_t i = 0; i < v.size(); ++i) {
                     float q = v[i];
                     if (type == dtype::f32) {
-                        std::memcpy(&blob[i * 4], &q, 4);
+                        std::memcpy(&w[i * 4], &q, 4);
                     } else if (type == dtype::bf16) {
                         uint16_t b = mgl::f32_to_bf16(v[i]);
-                        std::memcpy(&blob[i * 2], &b, 2);
+                        std::memcpy(&w[i * 2], &b, 2);
                         q = mgl::bf16_to_f32(b);
                     } else {
                         // Stored as e4m3(v / scale): the scale brings rows into FP8's range.
                         float s = sc[size_t(i) / size_t(cols)];
-                        blob[i] = mgl::f32_to_e4m3(v[i] / s);
-                        q = mgl::e4m3_to_f32(blob[i]) * s;
+                        w[i] = mgl::f32_to_e4m3(v[i] / s);
+                        q = mgl::e4m3_to_f32(w[i]) * s;
                     }
                     r[size_t(which)].push_back(double(q));
                 }
-                const float* s = type == dtype::f8_e4m3 ? sc.data() : nullptr;
-                if (which == 0) ew.gate = blob.data(), ew.gate_scale = s;
-                if (which == 1) ew.up = blob.data(), ew.up_scale = s;
-                if (which == 2) ew.down = blob.data(), ew.down_scale = s;
+                if (type == dtype::f8_e4m3)
+                    std::memcpy(blob.data() + scale_offsets[which], sc.data(), sc.size() * 4);
             }
-            set->experts.push_back(ew);
+            table.push_back(int64_t(blob.data()));
             real.push_back(std::move(r));
         }
     }
 
+    mgl::tensor* table_leaf(harness& h) {
+        return h.leaf(dtype::i64, {int64_t(table.size())}, table.data(), table.size() * 8,
+                      "expert_table");
+    }
+
     std::vector<double> expert_out(int e, const double* x) const {
-        const int64_t D = set->n_embd, F = set->n_ff;
+        return swiglu_ref(real[size_t(e)], layout->n_embd, layout->n_ff, x);
+    }
+
+    static std::vector<double> swiglu_ref(const std::array<std::vector<double>, 3>& m, int64_t D,
+                                          int64_t F, const double* x) {
         std::vector<double> hmid(static_cast<size_t>(F)), y(static_cast<size_t>(D), 0.0);
         for (int64_t f = 0; f < F; ++f) {
             double g = 0, u = 0;
             for (int64_t d = 0; d < D; ++d) {
-                g += real[size_t(e)][0][size_t(f * D + d)] * x[d];
-                u += real[size_t(e)][1][size_t(f * D + d)] * x[d];
+                g += m[0][size_t(f * D + d)] * x[d];
+                u += m[1][size_t(f * D + d)] * x[d];
             }
             hmid[size_t(f)] = g / (1 + std::exp(-g)) * u;
         }
         for (int64_t d = 0; d < D; ++d)
             for (int64_t f = 0; f < F; ++f)
-                y[size_t(d)] += real[size_t(e)][2][size_t(d * F + f)] * hmid[size_t(f)];
+                y[size_t(d)] += m[2][size_t(d * F + f)] * hmid[size_t(f)];
         return y;
     }
 };
@@ -187,47 +204,71 @@ struct expert_fixture {
 }  // namespace
 
 TEST_CASE("mgl moe_experts: weighted sum of SwiGLU experts for f32, bf16 and f8_e4m3") {
-    const int64_t T = 5, D = 24, F = 13, k = 3;
+    const int64_t T = 5, D = 24, F = 13, k = 3, SF = 10;
     const int n_experts = 7;
     for (dtype type : {dtype::f32, dtype::bf16, dtype::f8_e4m3}) {
-        CAPTURE(mgl::dtype_name(type));
-        harness h;
-        expert_fixture ex(type, n_experts, D, F, 300);
-        mgl::tensor* x = h.random(dtype::f32, {T, D}, 221, -2.0f, 2.0f);
-        // Expert 2 is picked by several tokens (batched), expert 5 by none.
-        std::vector<int32_t> ids = {2, 0, 6, 2, 4, 1, 3, 2, 0, 6, 2, 1, 2, 4, 3};
-        mgl::tensor* id_t = h.leaf(dtype::i32, {T, k}, ids.data(), ids.size() * 4, "ids");
-        mgl::tensor* w = h.random(dtype::f32, {T, k}, 222, 0.1f, 1.0f, "w");
-        auto got = h.run(mgl::moe_experts(h.ctx, x, id_t, w, ex.set));
-        auto xv = harness::read_all(*x), wv = harness::read_all(*w);
-        std::vector<double> want(size_t(T * D), 0.0);
-        for (int64_t t = 0; t < T; ++t)
-            for (int64_t i = 0; i < k; ++i) {
-                auto y = ex.expert_out(ids[size_t(t * k + i)], xv.data() + t * D);
-                for (int64_t d = 0; d < D; ++d)
-                    want[size_t(t * D + d)] += wv[size_t(t * k + i)] * y[size_t(d)];
+        for (bool with_shared : {false, true}) {
+            CAPTURE(mgl::dtype_name(type));
+            CAPTURE(with_shared);
+            harness h;
+            expert_fixture ex(type, n_experts, D, F, 300);
+            mgl::tensor* x = h.random(dtype::f32, {T, D}, 221, -2.0f, 2.0f);
+            // Expert 2 is picked by several tokens (batched), expert 5 by none.
+            std::vector<int32_t> ids = {2, 0, 6, 2, 4, 1, 3, 2, 0, 6, 2, 1, 2, 4, 3};
+            mgl::tensor* id_t = h.leaf(dtype::i32, {T, k}, ids.data(), ids.size() * 4, "ids");
+            mgl::tensor* w = h.random(dtype::f32, {T, k}, 222, 0.1f, 1.0f, "w");
+            mgl::shared_expert shared;
+            if (with_shared) {
+                shared.gate = h.random(dtype::bf16, {SF, D}, 223, -0.5f, 0.5f, "sh_gate");
+                shared.up = h.random(dtype::bf16, {SF, D}, 224, -0.5f, 0.5f, "sh_up");
+                shared.down = h.random(dtype::bf16, {D, SF}, 225, -0.5f, 0.5f, "sh_down");
             }
-        check_close(got, want, 1e-5, 1e-4);
+            auto got =
+                h.run(mgl::moe_experts(h.ctx, x, id_t, w, ex.table_leaf(h), ex.layout, shared));
+            auto xv = harness::read_all(*x), wv = harness::read_all(*w);
+            std::vector<double> want(size_t(T * D), 0.0);
+            for (int64_t t = 0; t < T; ++t) {
+                for (int64_t i = 0; i < k; ++i) {
+                    auto y = ex.expert_out(ids[size_t(t * k + i)], xv.data() + t * D);
+                    for (int64_t d = 0; d < D; ++d)
+                        want[size_t(t * D + d)] += wv[size_t(t * k + i)] * y[size_t(d)];
+                }
+                if (with_shared) {
+                    std::array<std::vector<double>, 3> m = {harness::read_all(*shared.gate),
+                                                            harness::read_all(*shared.up),
+                                                            harness::read_all(*shared.down)};
+                    auto y = expert_fixture::swiglu_ref(m, D, SF, xv.data() + t * D);
+                    for (int64_t d = 0; d < D; ++d) want[size_t(t * D + d)] += y[size_t(d)];
+                }
+            }
+            check_close(got, want, 1e-5, 1e-4);
+        }
     }
 }
 
 TEST_CASE("mgl moe_experts: a missing expert or an out-of-range id is an error") {
     harness h;
     expert_fixture ex(dtype::bf16, 3, 8, 4, 400);
-    ex.set->experts[1].up = nullptr;
+    ex.table[1] = 0;  // no blob
     mgl::tensor* x = h.random(dtype::f32, {1, 8}, 231);
     mgl::tensor* w = h.f32({1, 1}, {1.0f}, "w");
-    CHECK_THROWS_AS(
-        h.run(mgl::moe_experts(
-            h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{1}.data(), 4), w, ex.set)),
-        mgl::error);
-    CHECK_THROWS_AS(
-        h.run(mgl::moe_experts(
-            h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{3}.data(), 4), w, ex.set)),
-        mgl::error);
-    auto ok = h.run(mgl::moe_experts(
-        h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{2}.data(), 4), w, ex.set));
+    auto run_id = [&](int32_t id) {
+        return h.run(mgl::moe_experts(
+            h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{id}.data(), 4), w,
+            ex.table_leaf(h), ex.layout));
+    };
+    CHECK_THROWS_AS(run_id(1), mgl::error);
+    CHECK_THROWS_AS(run_id(3), mgl::error);
+    auto ok = run_id(2);
     auto xv = harness::read_all(*x);
     auto want = ex.expert_out(2, xv.data());
     check_close(ok, want, 1e-5, 1e-4);
+    // A part outside the blob is refused when the op is recorded.
+    auto bad = std::make_shared<mgl::expert_layout>(*ex.layout);
+    bad->down_scale = bad->blob_bytes;
+    bad->type = dtype::f8_e4m3;
+    CHECK_THROWS_AS(
+        mgl::moe_experts(h.ctx, x, h.leaf(dtype::i32, {1, 1}, std::vector<int32_t>{0}.data(), 4), w,
+                         ex.table_leaf(h), bad),
+        mgl::error);
 }

@@ -65,7 +65,8 @@ struct harness {
                     bytes[i] = mgl::f32_to_e4m3(v[i]);
                     break;
                 case mgl::dtype::i32:
-                    FAIL("random i32 not supported");
+                case mgl::dtype::i64:
+                    FAIL("random integers not supported");
             }
         }
         return leaf(type, shape, bytes.data(), bytes.size(), name);

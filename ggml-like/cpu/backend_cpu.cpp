@@ -26,10 +26,16 @@ public:
     host_buffer& operator=(const host_buffer&) = delete;
     void* base() override { return data_; }
     size_t size() const override { return size_; }
+    memory_kind kind() const override { return memory_kind::host; }
 
 private:
     void* data_ = nullptr;
     size_t size_ = 0;
+};
+
+// The CPU reads host memory where it is: registering is a no-op.
+struct identity_registration final : host_registration {
+    const void* device_address(const void* p) const override { return p; }
 };
 
 class cpu_backend final : public backend {
@@ -51,7 +57,15 @@ public:
         }
     }
 
+    memory_kind compute_memory() const override { return memory_kind::host; }
+
     buffer_ptr alloc_buffer(size_t bytes) override { return std::make_unique<host_buffer>(bytes); }
+    buffer_ptr alloc_host_buffer(size_t bytes) override {
+        return std::make_unique<host_buffer>(bytes);
+    }
+    std::unique_ptr<host_registration> register_host(const void*, size_t, bool) override {
+        return std::make_unique<identity_registration>();
+    }
 
     void upload(tensor& t, const void* src, size_t offset, size_t n) override {
         MGL_CHECK(t.data != nullptr, "upload into '" + t.name + "', which has no memory");
@@ -69,20 +83,30 @@ public:
         std::memcpy(dst, static_cast<const char*>(t.data) + offset, n);
     }
 
-    void allocate(graph& g) override {
+    void upload_async(tensor& t, const void* src, size_t offset, size_t n) override {
+        upload(t, src, offset, n);
+    }
+
+    void copy_to_backend(void* dst, const void* src, size_t n) override {
+        std::memcpy(dst, src, n);
+    }
+
+    void allocate(graph& g, arena& a) override {
         // Forget placements from an earlier allocate() so the graph can be re-planned.
-        for (tensor* n : g.nodes) {
-            if (alias_source(*n) || (arena_ && n->buf == arena_.get())) {
-                n->data = nullptr;
-                n->buf = nullptr;
-            }
-        }
+        clear_plan(g, a.buf.get());
         alloc_plan plan = plan_allocation(g, 64);
-        if (!arena_ || arena_->size() < plan.arena_bytes) arena_ = alloc_buffer(plan.arena_bytes);
-        apply_plan(g, plan, *arena_);
+        if (!a.buf || a.buf->size() < plan.arena_bytes) {
+            a.buf = alloc_buffer(plan.arena_bytes);
+            ++a.generation;
+        }
+        apply_plan(g, plan, *a.buf);
+        g.placed_in = &a;
+        g.arena_generation = a.generation;
+        g.version = new_graph_version();
     }
 
     void compute(graph& g) override {
+        check_not_stale(g);
         cpu::exec_context ex{pool_, kernels_};
         for (tensor* n : g.nodes) {
             MGL_CHECK(n->data != nullptr, std::string(op_name(n->op_kind)) + " node '" + n->name +
@@ -140,7 +164,6 @@ private:
 
     cpu::thread_pool pool_;
     cpu::matmul_kernels kernels_;
-    buffer_ptr arena_;
 };
 
 }  // namespace

@@ -62,6 +62,11 @@ inline float load_f32(dtype t, const char* p) {
             std::memcpy(&v, p, sizeof v);
             return float(v);
         }
+        case dtype::i64: {
+            int64_t v;
+            std::memcpy(&v, p, sizeof v);
+            return float(v);
+        }
     }
     return 0.0f;
 }
@@ -86,6 +91,11 @@ inline void store_f32(dtype t, char* p, float v) {
             return;
         case dtype::i32: {
             auto i = int32_t(v);
+            std::memcpy(p, &i, sizeof i);
+            return;
+        }
+        case dtype::i64: {
+            auto i = int64_t(v);
             std::memcpy(p, &i, sizeof i);
             return;
         }

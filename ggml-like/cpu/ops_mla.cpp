@@ -12,6 +12,9 @@ namespace {
 // Address of the cache row of position `pos`, checked against the page table and the pages.
 char* cache_row(const tensor& pages, const tensor& page_table, int64_t pos) {
     const int64_t page_size = pages.shape[1];
+    MGL_CHECK(pos >= 0 && pos < page_table.shape[0] * page_size,
+              "position " + std::to_string(pos) + " is outside the page table's " +
+                  std::to_string(page_table.shape[0] * page_size) + " positions");
     int32_t phys = load_i32(page_table, pos / page_size);
     MGL_CHECK(phys >= 0 && phys < pages.shape[0],
               "page table entry " + std::to_string(pos / page_size) + " = " + std::to_string(phys) +
@@ -27,13 +30,14 @@ void run_kv_store(exec_context&, tensor& node) {
     const tensor& page_table = *node.src[1];
     const tensor& kv_c = *node.src[2];
     const tensor& k_pe = *node.src[3];
-    const int64_t n_past = node.iparams[0], r = kv_c.shape[1], rope = k_pe.shape[1];
+    const tensor& positions = *node.src[4];
+    const int64_t r = kv_c.shape[1], rope = k_pe.shape[1];
     const int64_t es = node.stride[2];
     std::vector<float> row(static_cast<size_t>(r + rope));
     for (int64_t t = 0; t < kv_c.shape[0]; ++t) {
         read_row(kv_c, t, row.data());
         read_row(k_pe, t, row.data() + r);
-        char* dst = cache_row(node, page_table, n_past + t);
+        char* dst = cache_row(node, page_table, load_i32(positions, t));
         for (int64_t i = 0; i < r + rope; ++i) store_f32(node.type, dst + i * es, row[size_t(i)]);
     }
 }
@@ -72,7 +76,7 @@ void run_mla_attn(exec_context& ex, tensor& node) {
     const tensor& q_pe = *node.src[1];
     const tensor& pages = *node.src[2];
     const tensor& page_table = *node.src[3];
-    const int64_t n_past = node.iparams[0];
+    const tensor& positions = *node.src[4];
     const float scale = node.fparams[0];
     const int64_t T = q_lat.shape[0], H = q_lat.shape[1], r = q_lat.shape[2], rope = q_pe.shape[2];
     const int64_t width = r + rope, es = pages.stride[2];
@@ -89,7 +93,8 @@ void run_mla_attn(exec_context& ex, tensor& node) {
         std::vector<float> q, scores, partial, converted(static_cast<size_t>(width));
         for (int64_t i = i0; i < i1;) {
             const int64_t t = i / H, h0 = i % H, nh = std::min(H - h0, i1 - i);
-            const int64_t n_ctx = n_past + t + 1;
+            const int64_t n_ctx = int64_t(load_i32(positions, t)) + 1;
+            MGL_CHECK(n_ctx >= 1, "mla_attn: negative position " + std::to_string(n_ctx - 1));
             float* o = out + (t * H + h0) * r;  // nh rows of r, contiguous
             q.resize(static_cast<size_t>(nh * width));
             for (int64_t h = 0; h < nh; ++h) {

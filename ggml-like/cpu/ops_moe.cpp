@@ -83,13 +83,47 @@ void run_moe_weights(exec_context&, tensor& node) {
     }
 }
 
+namespace {
+
+// y [M, N] = xs [M, K] · W [N, K]ᵀ (W row-major, `type`, optional f8 row scales) on the pool.
+void expert_matmul(exec_context& ex, dtype type, const void* w, const float* scale, const float* xs,
+                   int64_t M, int64_t K, float* y, int64_t N) {
+    matmul_job job;
+    job.x = xs;
+    job.x_stride = K;
+    job.M = M;
+    job.K = K;
+    job.type = type;
+    job.w = static_cast<const uint8_t*>(w);
+    job.w_row_stride = K * int64_t(dtype_size(type));
+    job.scale = scale;
+    job.y = y;
+    job.y_stride = N;
+    matmul_parallel(ex, job, N);
+}
+
+// SwiGLU MLP on M rows: y [M, D] = down(silu(gate·x) * (up·x)).
+void swiglu_mlp(exec_context& ex, dtype type, const void* gate, const float* gate_scale,
+                const void* up, const float* up_scale, const void* down, const float* down_scale,
+                const float* xs, int64_t M, int64_t D, int64_t F, float* y) {
+    std::vector<float> g(static_cast<size_t>(M * F)), u(static_cast<size_t>(M * F));
+    expert_matmul(ex, type, gate, gate_scale, xs, M, D, g.data(), F);
+    expert_matmul(ex, type, up, up_scale, xs, M, D, u.data(), F);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    expert_matmul(ex, type, down, down_scale, g.data(), M, F, y, D);
+}
+
+}  // namespace
+
 void run_moe_experts(exec_context& ex, tensor& node) {
     const tensor& x = *node.src[0];
     const tensor& ids = *node.src[1];
     const tensor& wts = *node.src[2];
-    const expert_set& set = *node.experts;
-    const int64_t T = x.shape[0], D = set.n_embd, F = set.n_ff, k = ids.shape[1];
-    const int64_t elem = int64_t(dtype_size(set.type));
+    const tensor& table = *node.src[3];
+    const expert_layout& L = *node.experts;
+    const int64_t T = x.shape[0], D = L.n_embd, F = L.n_ff, k = ids.shape[1];
+    const int64_t E = table.shape[0];
+    const bool fp8 = L.type == dtype::f8_e4m3;
     auto* out = static_cast<float*>(node.data);
     std::fill(out, out + T * D, 0.0f);
 
@@ -101,63 +135,49 @@ void run_moe_experts(exec_context& ex, tensor& node) {
             std::memcpy(&id,
                         static_cast<const char*>(ids.data) + t * ids.stride[0] + i * ids.stride[1],
                         sizeof id);
-            MGL_CHECK(id >= 0 && size_t(id) < set.experts.size(),
-                      "moe_experts: expert id " + std::to_string(id) + " outside the set of " +
-                          std::to_string(set.experts.size()));
+            MGL_CHECK(id >= 0 && id < E, "moe_experts: expert id " + std::to_string(id) +
+                                             " outside the table of " + std::to_string(E));
             float w = load_f32(dtype::f32, static_cast<const char*>(wts.data) + t * wts.stride[0] +
                                                i * wts.stride[1]);
             routed[id].emplace_back(t, w);
         }
     }
 
-    std::vector<float> xs, gate, up, y;
+    std::vector<float> xs, y;
     for (const auto& [id, tokens] : routed) {
-        const expert_weights& e = set.experts[size_t(id)];
-        MGL_CHECK(e.gate && e.up && e.down,
-                  "moe_experts: expert " + std::to_string(id) + " has no weights");
-        MGL_CHECK(set.type != dtype::f8_e4m3 || (e.gate_scale && e.up_scale && e.down_scale),
-                  "moe_experts: f8 expert " + std::to_string(id) + " has no scales");
+        int64_t address;
+        std::memcpy(&address, static_cast<const char*>(table.data) + id * sizeof address,
+                    sizeof address);
+        MGL_CHECK(address != 0, "moe_experts: expert " + std::to_string(id) + " has no blob");
+        const auto* blob = reinterpret_cast<const uint8_t*>(address);
+        auto scale = [&](uint64_t off) {
+            return fp8 ? reinterpret_cast<const float*>(blob + off) : nullptr;
+        };
         const auto M = int64_t(tokens.size());
         xs.resize(static_cast<size_t>(M * D));
-        gate.resize(static_cast<size_t>(M * F));
-        up.resize(static_cast<size_t>(M * F));
         y.resize(static_cast<size_t>(M * D));
         for (int64_t m = 0; m < M; ++m) read_row(x, tokens[size_t(m)].first, xs.data() + m * D);
-
-        matmul_job job;
-        job.x = xs.data();
-        job.x_stride = D;
-        job.M = M;
-        job.K = D;
-        job.type = set.type;
-        job.w_row_stride = D * elem;
-        job.y_stride = F;
-        job.w = static_cast<const uint8_t*>(e.gate);
-        job.scale = e.gate_scale;
-        job.y = gate.data();
-        matmul_parallel(ex, job, F);
-        job.w = static_cast<const uint8_t*>(e.up);
-        job.scale = e.up_scale;
-        job.y = up.data();
-        matmul_parallel(ex, job, F);
-
-        for (size_t i = 0; i < gate.size(); ++i)
-            gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-
-        job.x = gate.data();
-        job.x_stride = F;
-        job.K = F;
-        job.w = static_cast<const uint8_t*>(e.down);
-        job.w_row_stride = F * elem;
-        job.scale = e.down_scale;
-        job.y = y.data();
-        job.y_stride = D;
-        matmul_parallel(ex, job, D);
-
+        swiglu_mlp(ex, L.type, blob + L.gate, scale(L.gate_scale), blob + L.up, scale(L.up_scale),
+                   blob + L.down, scale(L.down_scale), xs.data(), M, D, F, y.data());
         for (int64_t m = 0; m < M; ++m) {
             auto [t, w] = tokens[size_t(m)];
             for (int64_t d = 0; d < D; ++d) out[t * D + d] += w * y[size_t(m * D + d)];
         }
+    }
+
+    if (const tensor* sg = node.src[4]) {  // shared expert: every token, weight 1
+        const tensor& su = *node.src[5];
+        const tensor& sd = *node.src[6];
+        MGL_CHECK(sg->is_contiguous() && su.is_contiguous() && sd.is_contiguous() &&
+                      sg->type == su.type && sg->type == sd.type,
+                  "moe_experts: shared expert weights must be contiguous and of one dtype");
+        const int64_t SF = sg->shape[0];
+        xs.resize(static_cast<size_t>(T * D));
+        y.resize(static_cast<size_t>(T * D));
+        for (int64_t t = 0; t < T; ++t) read_row(x, t, xs.data() + t * D);
+        swiglu_mlp(ex, sg->type, sg->data, nullptr, su.data, nullptr, sd.data, nullptr, xs.data(),
+                   T, D, SF, y.data());
+        for (int64_t i = 0; i < T * D; ++i) out[i] += y[size_t(i)];
     }
 }
 

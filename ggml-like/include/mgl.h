@@ -52,10 +52,11 @@ namespace mgl {
 // ---------------------------------------------------------------------------------------------
 // dtypes and scalar conversions
 // ---------------------------------------------------------------------------------------------
-enum class dtype : uint8_t { f32, f16, bf16, f8_e4m3, i32 };
+// i64 holds addresses (the expert table of moe_experts) and is never a float.
+enum class dtype : uint8_t { f32, f16, bf16, f8_e4m3, i32, i64 };
 
 size_t dtype_size(dtype t);       // bytes per element
-const char* dtype_name(dtype t);  // "f32", "f16", "bf16", "f8_e4m3", "i32"
+const char* dtype_name(dtype t);  // "f32", "f16", "bf16", "f8_e4m3", "i32", "i64"
 bool dtype_from_name(const std::string& name, dtype& out);  // false if unknown
 
 // BF16: round to nearest, ties to even; NaN stays NaN (quiet).
@@ -90,9 +91,9 @@ enum class op : uint8_t {
     swiglu,       // silu(a) * b
     moe_topk,     // expert selection (greedy / group-limited greedy) -> I32 ids
     moe_weights,  // routing weights for selected ids
-    moe_experts,  // Σ_k w_k · Expert_{id_k}(x)   (SwiGLU experts, weights via expert_set)
-    kv_store,     // write c and k_pe into paged latent cache
-    mla_attn,     // absorbed MLA attention over paged latent cache
+    moe_experts,  // Σ_k w_k · Expert_{id_k}(x) (+ shared expert), experts from an address table
+    kv_store,     // write c and k_pe into the paged latent cache at the given positions
+    mla_attn,     // absorbed MLA attention over the paged latent cache, causal by position
     cpy,          // copy/convert src[0] into dst layout (src[1]), returns src[1]'s alias
     contiguous,   // copy into a fresh contiguous f32 tensor
     concat,       // concatenate along a dim
@@ -101,7 +102,7 @@ enum class op : uint8_t {
 const char* op_name(op o);
 
 constexpr int max_dims = 4;
-constexpr int max_srcs = 5;
+constexpr int max_srcs = 8;
 
 // RoPE parameters, computed once from the model config (see rope_params_yarn / rope_params_plain).
 struct rope_params {
@@ -128,23 +129,27 @@ struct moe_route_params {
     float routed_scaling_factor = 1.0f;  // otherwise: w = s_k · routed_scaling_factor
 };
 
-// A set of routed experts of one layer. Each expert is SwiGLU: down(silu(gate(x)) * up(x)),
-// gate/up [n_ff, n_embd], down [n_embd, n_ff]. Pointers are per expert, so the experts can live
-// anywhere (an mmapped file, a GPU expert cache slot). Scales are F32 per output row when
-// type == f8_e4m3 and null otherwise.
-struct expert_weights {
-    const void* gate = nullptr;
-    const void* up = nullptr;
-    const void* down = nullptr;
-    const float* gate_scale = nullptr;  // [n_ff]
-    const float* up_scale = nullptr;    // [n_ff]
-    const float* down_scale = nullptr;  // [n_embd]
-};
-struct expert_set {
+// The routed experts of a MoE layer are SwiGLU MLPs, down(silu(gate(x)) * up(x)), with gate/up
+// [n_ff, n_embd] and down [n_embd, n_ff] (row-major, [out, in]). Each expert is one blob of
+// memory holding its parts at the same byte offsets for every expert (the .mds expert blob, or a
+// GPU expert-cache slot holding a copy of one); F32 row scales (gate_scale [n_ff], up_scale [n_ff],
+// down_scale [n_embd]) exist only when type == f8_e4m3. Where each blob is, is data: moe_experts
+// reads blob addresses from a table tensor, so an expert cache moves experts by rewriting table
+// entries, and a recorded graph never holds an expert address.
+struct expert_layout {
     dtype type = dtype::bf16;  // f32, bf16 or f8_e4m3
     int64_t n_embd = 0;
     int64_t n_ff = 0;
-    std::vector<expert_weights> experts;  // indexed by expert id
+    uint64_t gate = 0, up = 0, down = 0;                    // byte offsets inside a blob
+    uint64_t gate_scale = 0, up_scale = 0, down_scale = 0;  // (f8_e4m3 only)
+    uint64_t blob_bytes = 0;                                // bytes of one blob
+};
+// The shared experts of a MoE layer, one dense SwiGLU MLP: gate/up [n_ff, n_embd], down
+// [n_embd, n_ff] (f32 or bf16). All null when the layer has none.
+struct shared_expert {
+    struct tensor* gate = nullptr;
+    struct tensor* up = nullptr;
+    struct tensor* down = nullptr;
 };
 
 struct buffer;
@@ -159,9 +164,9 @@ struct tensor {
     // Op parameters (only the fields the op uses are meaningful).
     std::array<int32_t, 8> iparams{};
     std::array<float, 8> fparams{};
-    std::shared_ptr<const rope_params> rope;    // op::rope
-    std::shared_ptr<const expert_set> experts;  // op::moe_experts
-    size_t view_offset = 0;                     // op::view: byte offset into src[0]
+    std::shared_ptr<const rope_params> rope;       // op::rope
+    std::shared_ptr<const expert_layout> experts;  // op::moe_experts
+    size_t view_offset = 0;                        // op::view: byte offset into src[0]
     void* data = nullptr;   // resolved address (host or device, per the owning backend)
     buffer* buf = nullptr;  // owning buffer, or null for caller memory
     std::string name;
@@ -203,9 +208,15 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // src = {x, w}, fparams[0] = eps. softmax: fparams[0] = scale, iparams = {causal, n_past}.
 // matmul: src = {x, w, w_scale}. get_rows: src = {table, ids, table_scale}. moe_topk: iparams =
 // {k, method, n_group, topk_group}. moe_weights: iparams = {k, norm_topk_prob}, fparams[0] =
-// routed_scaling_factor. moe_experts: src = {x, ids, w}, experts. kv_store: src = {pages,
-// page_table, kv_c, k_pe}, iparams[0] = n_past. mla_attn: src = {q_lat, q_pe, pages, page_table},
-// iparams[0] = n_past, fparams[0] = scale. cpy: src = {src, dst}. concat: iparams[0] = dim.
+// routed_scaling_factor. moe_experts: src = {x, ids, w, table, shared gate, shared up, shared
+// down}, experts (the layout). kv_store: src = {pages, page_table, kv_c, k_pe, positions}.
+// mla_attn: src = {q_lat, q_pe, pages, page_table, positions}, fparams[0] = scale.
+// cpy: src = {src, dst}. concat: iparams[0] = dim.
+//
+// Values that change from one decode step to the next (token ids, positions, the page table, the
+// expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
+// is then valid for every step, and a backend may replay it (e.g. as a CUDA graph) after the
+// caller rewrites those tensors' contents.
 // table [V, D] (any float dtype; f8 rows use scale [V] if given) , ids [T] i32 -> [T, D] f32.
 // The table may be a strided view. An id outside [0, V) is an error at compute time.
 tensor* get_rows(context& c, tensor* table, tensor* ids, tensor* table_scale = nullptr);
@@ -228,23 +239,27 @@ tensor* swiglu(context& c, tensor* a, tensor* b);
 tensor* moe_topk(context& c, tensor* probs, const moe_route_params& p);
 // probs [T, E], ids [T, k] -> weights [T, k] f32 per DESIGN.md's weighting rules.
 tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_params& p);
-// x [T, D], ids [T, k] i32, w [T, k] f32 -> [T, D] f32 = Σ_k w · Expert_{ids}(x)
-tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w,
-                    std::shared_ptr<const expert_set> experts);
+// x [T, D], ids [T, k] i32, w [T, k] f32, table [E] i64 (address of expert e's blob, in memory
+// the executing backend reads: host for the CPU, device or registered host memory for CUDA)
+// -> [T, D] f32 = Σ_k w · Expert_{ids}(x) + Shared(x). An id outside [0, E) is an error at
+// compute time (the CPU checks; kernels clamp nothing and must not be given one).
+tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table,
+                    std::shared_ptr<const expert_layout> layout, shared_expert shared = {});
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
 // bf16: stored rounded to nearest even, read back to f32), and
 // `page_table` [max_logical_pages] i32 mapping logical page p (positions p·page_size ..) to a
-// physical page index. kv_store writes c [T, r] and k_pe [T, rope] for positions
-// n_past .. n_past+T-1 and returns an alias of `pages` that later readers must take as their source
-// (this is how the graph orders the write before the read).
+// physical page index. kv_store writes c [T, r] and k_pe [T, rope] of token t at position
+// positions[t] ([T] i32) and returns an alias of `pages` that later readers must take as their
+// source (this is how the graph orders the write before the read). A position outside the page
+// table is an error at compute time.
 tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
-                 int n_past);
-// Absorbed MLA: q_lat [T, H, r], q_pe [T, H, rope], pages (from kv_store), page_table.
-// score(s) = (q_lat·c_s + q_pe·k_pe_s)·scale over s = 0 .. n_past+t (causal), softmax,
-// o_lat = Σ p_s c_s  -> [T, H, r] f32.
+                 tensor* positions);
+// Absorbed MLA: q_lat [T, H, r], q_pe [T, H, rope], pages (from kv_store), page_table, positions
+// [T] i32. Query t attends to the cache rows s = 0 .. positions[t] (causal):
+// score(s) = (q_lat·c_s + q_pe·k_pe_s)·scale, softmax, o_lat = Σ p_s c_s  -> [T, H, r] f32.
 tensor* mla_attn(context& c, tensor* q_lat, tensor* q_pe, tensor* pages, tensor* page_table,
-                 int n_past, float scale);
+                 tensor* positions, float scale);
 // Copy src into dst's layout/dtype (f32 -> f32|bf16|f16). Returns an alias of dst.
 tensor* cpy(context& c, tensor* src, tensor* dst);
 tensor* contiguous(context& c, tensor* a);
@@ -253,14 +268,28 @@ tensor* concat(context& c, tensor* a, tensor* b, int dim);
 // ---------------------------------------------------------------------------------------------
 // graph
 // ---------------------------------------------------------------------------------------------
+struct arena;
 struct graph {
     std::vector<tensor*> nodes;    // execution order (topological; sources before users)
     std::vector<tensor*> leafs;    // op::none tensors reached
     std::vector<tensor*> outputs;  // as given to build_graph; never reused by the allocator
+    // Set by the caller when the graph will be computed many times with only the contents of its
+    // input tensors changing (a decode step): a backend may then record it once and replay the
+    // recording (the CUDA backend captures a CUDA graph). Changing the graph's structure or any
+    // tensor's address requires allocate() again, which invalidates recordings.
+    bool reusable = false;
+    // Unique in the process; renewed by build_graph and every allocate(), so a backend can key
+    // what it recorded for a graph by it.
+    uint64_t version = 0;
+    // Where allocate() placed the intermediates, and that arena's generation at the time: a graph
+    // whose arena has grown since is stale and compute() refuses it.
+    arena* placed_in = nullptr;
+    uint64_t arena_generation = 0;
 };
 // Depth-first from outputs; each node once; sources in order.
 graph build_graph(context& c, std::initializer_list<tensor*> outputs);
 graph build_graph(context& c, std::span<tensor* const> outputs);
+uint64_t new_graph_version();
 
 // Plan memory for the graph's intermediates: each non-view node without data gets an offset in
 // one arena; a node's memory is released after its last consumer runs and reused by later nodes
@@ -277,33 +306,93 @@ tensor* alias_source(const tensor& t);
 // Point every planned node into `arena` and resolve alias nodes (view/kv_store/cpy) to their
 // source's address. Checks that every leaf has data. Backends call this inside allocate().
 void apply_plan(graph& g, const alloc_plan& plan, buffer& arena);
+// Forget the placements of an earlier apply_plan into `arena` (views and planned nodes), so the
+// graph can be planned again.
+void clear_plan(graph& g, const buffer* arena);
 
 // ---------------------------------------------------------------------------------------------
 // backends
 // ---------------------------------------------------------------------------------------------
-// A block of memory owned by a backend (host memory for the CPU backend, device memory for CUDA).
+// Where a buffer's memory is. `host` is ordinary host memory, `pinned_host` host memory that a
+// device copies to and from at full speed, `device` memory of an accelerator (its base() is only
+// meaningful to that backend's kernels and copies).
+enum class memory_kind : uint8_t { host, pinned_host, device };
+const char* memory_kind_name(memory_kind k);
+
+// A block of memory owned by a backend.
 struct buffer {
     virtual ~buffer() = default;
     virtual void* base() = 0;
     virtual size_t size() const = 0;
+    virtual memory_kind kind() const = 0;
 };
 using buffer_ptr = std::unique_ptr<buffer>;
 // Point t at buf + offset (t->data, t->buf).
 void bind(tensor& t, buffer& buf, size_t offset);
+
+// Host memory the caller owns (a read-only file mapping, say), registered with a backend so that
+// copies from it run at full speed and kernels may read it directly. Unregistered on destruction.
+struct host_registration {
+    virtual ~host_registration() = default;
+    // The address kernels of the backend use for host address p inside the registered range.
+    virtual const void* device_address(const void* p) const = 0;
+};
+
+// Memory for the intermediates of graphs. It only grows: when a larger graph is allocated into
+// it, its buffer is replaced and graphs placed in it before become stale (allocate them again).
+// A caller that computes graphs alternately (a prefill graph and the decode graph) gives each its
+// own arena so neither invalidates the other.
+struct arena {
+    buffer_ptr buf;
+    uint64_t generation = 0;  // bumped whenever buf is replaced
+};
 
 class backend {
 public:
     virtual ~backend() = default;
     virtual const char* name() const = 0;
     virtual bool supports_op(const tensor& node) const = 0;
+    // Where compute() reads and writes tensors. Leaves with no buffer (caller memory) must be
+    // readable there: host memory for the CPU backend; device or registered host memory for CUDA.
+    virtual memory_kind compute_memory() const = 0;
+
+    // Memory compute() works in (device memory for CUDA).
     virtual buffer_ptr alloc_buffer(size_t bytes) = 0;
+    // Host memory the backend copies to and from fastest (pinned for CUDA); base() is a host
+    // pointer.
+    virtual buffer_ptr alloc_host_buffer(size_t bytes) = 0;
+    // Registers existing host memory [p, p + n); null when the backend or the system refuses (the
+    // caller then copies through alloc_host_buffer staging). The CPU backend needs nothing and
+    // returns an identity registration.
+    virtual std::unique_ptr<host_registration> register_host(const void* p, size_t n,
+                                                             bool read_only) = 0;
+
+    // Copies between host memory and a tensor's memory, ordered with compute() in one queue. The
+    // blocking forms return when the copy is done. upload_async returns at once: `src` must stay
+    // valid and unchanged until the next synchronize() or blocking copy.
     virtual void upload(tensor& t, const void* src, size_t offset, size_t n) = 0;
+    virtual void upload_async(tensor& t, const void* src, size_t offset, size_t n) = 0;
     virtual void download(const tensor& t, void* dst, size_t offset, size_t n) = 0;
-    // Resolve view addresses and place intermediates (plan_allocation) in a backend-owned arena
-    // that is kept and grown across calls.
-    virtual void allocate(graph& g) = 0;
+    // Blocking bulk copy from host memory into backend memory (dst inside one of its buffers).
+    virtual void copy_to_backend(void* dst, const void* src, size_t n) = 0;
+
+    // Places the graph's intermediates in `a` (growing it if needed), resolves view addresses and
+    // checks every leaf has memory. A graph must be allocated before compute().
+    virtual void allocate(graph& g, arena& a) = 0;
+    // Same, in the backend's own arena, for one-off graphs: a graph placed there is stale after
+    // the next allocate() that grows it.
+    void allocate(graph& g) { allocate(g, own_arena_); }
+    // Runs the graph; may return before it is done (CUDA). Results are ready after synchronize()
+    // or a blocking download.
     virtual void compute(graph& g) = 0;
     virtual void synchronize() = 0;
+
+protected:
+    // Shared by backends: refuse a graph whose arena grew after it was allocated.
+    static void check_not_stale(const graph& g);
+
+private:
+    arena own_arena_;
 };
 
 // The CPU backend is the readable reference: each op is a plain loop over rows, split across a

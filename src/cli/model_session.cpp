@@ -97,9 +97,9 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     const auto t0 = std::chrono::steady_clock::now();
     LoadedModel m;
     m.file = mds::MdsFile::open(path);
-    m.model = std::make_unique<Deepseek2Model>(*m.file);
-    m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
     m.backend = mgl::make_cpu_backend(flags.n_threads);
+    m.model = std::make_unique<Deepseek2Model>(*m.file, *m.backend);
+    m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -36,9 +36,9 @@ void add_sampling_flags(CLI::App& cmd, SamplerParams& params);
 // An opened model, ready to make sessions.
 struct LoadedModel {
     std::unique_ptr<mds::MdsFile> file;
+    std::unique_ptr<mgl::backend> backend;  // before the model, which places weights for it
     std::unique_ptr<Deepseek2Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
-    std::unique_ptr<mgl::backend> backend;
 };
 
 // -m, or the demo model (MINIDS_DEMO_MODEL_DEFAULT, then ../models/demo.mds next to the binary),

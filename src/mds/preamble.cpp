@@ -75,6 +75,8 @@ const char* manifest_dtype_name(mgl::dtype t) {
             return "f8_e4m3";
         case mgl::dtype::i32:
             return "i32";
+        case mgl::dtype::i64:  // addresses in memory, never stored in a file
+            break;
     }
     return "unknown";
 }
@@ -91,6 +93,8 @@ uint64_t manifest_dtype_size(mgl::dtype t) {
             return 1;
         case mgl::dtype::i32:
             return 4;
+        case mgl::dtype::i64:  // never stored in a file
+            break;
     }
     return 0;
 }

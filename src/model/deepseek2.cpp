@@ -5,8 +5,6 @@
 
 #include <string>
 
-#include "runtime/kv_cache.h"
-
 namespace minids {
 
 namespace {
@@ -33,7 +31,9 @@ mgl::topk_method parse_topk_method(const std::string& s) {
 
 }  // namespace
 
-Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(file.config()) {
+Deepseek2Model::Deepseek2Model(const mds::MdsFile& file, mgl::backend& backend,
+                               const WeightOptions& options)
+    : file_(file), cfg_(file.config()), store_(std::make_unique<WeightStore>(file, backend)) {
     if (cfg_.scoring_func != "softmax") {
         throw mds::FileError(file_.path() +
                              ": config scoring_func: expected \"softmax\", found \"" +
@@ -44,7 +44,13 @@ Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(fil
     output_norm_ = weight("model.norm.weight", {D});
     output_ = cfg_.tie_word_embeddings ? tok_embd_ : weight("lm_head.weight", {V, D});
     layers_.resize(size_t(cfg_.num_hidden_layers));
+    for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) {
+        if (cfg_.is_moe_layer(il)) moe_layers_.push_back(il);
+    }
+    if (!moe_layers_.empty()) bind_expert_layout();
     for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) bind_layer(il);
+    if (options.merge_projections && store_->copies()) merge_projections();
+    store_->place(options.progress);
 
     const int64_t n_rot = cfg_.qk_rope_head_dim;
     if (cfg_.rope_scaling) {
@@ -70,10 +76,25 @@ Deepseek2Model::Deepseek2Model(const mds::MdsFile& file) : file_(file), cfg_(fil
 mgl::tensor* Deepseek2Model::weight(const std::string& name, std::vector<int64_t> shape) {
     const mds::TensorEntry& e = file_.require(name, shape);
     mgl::tensor* t = weights_.new_tensor(e.dtype, std::span<const int64_t>(shape), name);
-    // The mapping is read-only; mgl never writes through a leaf weight.
-    t->data = const_cast<uint8_t*>(e.data);
+    store_->add(t, e.data, e.nbytes);
     weight_bytes_ += e.nbytes;
     return t;
+}
+
+void Deepseek2Model::merge_projections() {
+    // One matmul over [q (or q_a) | kv_a] instead of two: both read the normed hidden state.
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        Deepseek2Layer& L = layers_[il];
+        mgl::tensor* q = L.wq ? L.wq : L.wq_a;
+        if (q->type != L.wkv_a_mqa->type) continue;
+        const int64_t rows = q->dim(0) + L.wkv_a_mqa->dim(0), D = cfg_.hidden_size;
+        L.wq_kv_a = weights_.new_tensor(q->type, {rows, D},
+                                        layer_prefix(int64_t(il)) + "self_attn.q_kv_a_merged");
+        auto bytes = [](const mgl::tensor* t) {
+            return std::span<const uint8_t>(static_cast<const uint8_t*>(t->data), mgl::nbytes(*t));
+        };
+        store_->add_concat(L.wq_kv_a, {bytes(q), bytes(L.wkv_a_mqa)});
+    }
 }
 
 void Deepseek2Model::bind_layer(int64_t il) {
@@ -120,7 +141,25 @@ void Deepseek2Model::bind_layer(int64_t il) {
         return;
     }
     L.router = weight(p + "mlp.gate.weight", {c.n_routed_experts, D});
-    L.experts = bind_experts(il);
+    const mds::ExpertTable& t = file_.experts();
+    const int64_t first = t.first_blob_of_layer(il), E = c.n_routed_experts;
+    const std::string where = file_.path() + ": experts of layer " + std::to_string(il);
+    if (first < 0 || first + E > int64_t(t.blobs.size())) {
+        throw mds::FileError(where + ": expected " + std::to_string(E) +
+                             " expert blobs, found none or fewer");
+    }
+    std::vector<const uint8_t*> blobs;
+    for (int64_t e = 0; e < E; ++e) {
+        const mds::ExpertBlob& b = t.blobs[size_t(first + e)];
+        if (b.layer != il || b.expert != e) {
+            throw mds::FileError(where + ": expected blob for expert " + std::to_string(e) +
+                                 ", found layer " + std::to_string(b.layer) + " expert " +
+                                 std::to_string(b.expert));
+        }
+        blobs.push_back(b.data);
+    }
+    L.expert_table = store_->add_expert_table(weights_, il, std::move(blobs), t.blob_nbytes);
+    weight_bytes_ += uint64_t(E) * t.blob_nbytes;
     if (c.n_shared_experts && *c.n_shared_experts > 0) {
         const int64_t ff = c.moe_intermediate_size * *c.n_shared_experts;
         L.ffn_gate = weight(p + "mlp.shared_experts.gate_proj.weight", {ff, D});
@@ -129,9 +168,9 @@ void Deepseek2Model::bind_layer(int64_t il) {
     }
 }
 
-std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) {
+void Deepseek2Model::bind_expert_layout() {
     const mds::ExpertTable& t = file_.experts();
-    const std::string where = file_.path() + ": experts of layer " + std::to_string(il);
+    const std::string where = file_.path() + ": experts";
     if (!t.present) throw mds::FileError(where + ": expected an expert table, found none");
     if (t.n_embd != cfg_.hidden_size || t.n_ff != cfg_.moe_intermediate_size) {
         throw mds::FileError(where + ": expected n_embd " + std::to_string(cfg_.hidden_size) +
@@ -139,64 +178,60 @@ std::shared_ptr<const mgl::expert_set> Deepseek2Model::bind_experts(int64_t il) 
                              ", found " + std::to_string(t.n_embd) + " and " +
                              std::to_string(t.n_ff));
     }
-    const int64_t first = t.first_blob_of_layer(il);
-    const int64_t E = cfg_.n_routed_experts;
-    if (first < 0 || first + E > int64_t(t.blobs.size())) {
-        throw mds::FileError(where + ": expected " + std::to_string(E) +
-                             " expert blobs, found none or fewer");
+    auto L = std::make_shared<mgl::expert_layout>();
+    L->type = t.dtype;
+    L->n_embd = t.n_embd;
+    L->n_ff = t.n_ff;
+    L->gate = t.gate.offset;
+    L->up = t.up.offset;
+    L->down = t.down.offset;
+    if (t.dtype == mgl::dtype::f8_e4m3) {
+        L->gate_scale = t.gate_scale.offset;
+        L->up_scale = t.up_scale.offset;
+        L->down_scale = t.down_scale.offset;
     }
-    auto set = std::make_shared<mgl::expert_set>();
-    set->type = t.dtype;
-    set->n_embd = t.n_embd;
-    set->n_ff = t.n_ff;
-    set->experts.resize(size_t(E));
-    const bool fp8 = t.dtype == mgl::dtype::f8_e4m3;
-    for (int64_t e = 0; e < E; ++e) {
-        const mds::ExpertBlob& b = t.blobs[size_t(first + e)];
-        if (b.layer != il || b.expert != e) {
-            throw mds::FileError(where + ": expected blob for expert " + std::to_string(e) +
-                                 ", found layer " + std::to_string(b.layer) + " expert " +
-                                 std::to_string(b.expert));
-        }
-        mgl::expert_weights& w = set->experts[size_t(e)];
-        w.gate = b.data + t.gate.offset;
-        w.up = b.data + t.up.offset;
-        w.down = b.data + t.down.offset;
-        if (fp8) {
-            w.gate_scale = reinterpret_cast<const float*>(b.data + t.gate_scale.offset);
-            w.up_scale = reinterpret_cast<const float*>(b.data + t.up_scale.offset);
-            w.down_scale = reinterpret_cast<const float*>(b.data + t.down_scale.offset);
-        }
-    }
-    weight_bytes_ += uint64_t(E) * t.blob_nbytes;
-    return set;
+    L->blob_bytes = t.blob_nbytes;
+    expert_layout_ = std::move(L);
 }
 
 // MLA, absorbed (DESIGN.md): the cache holds c and k_pe; W_uk is folded into the query and W_uv
 // is applied after attention, so per-head K and V never exist.
 mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                                             mgl::tensor* x, const ForwardBatch& batch,
-                                             mgl::tensor* pages, mgl::tensor* page_table) const {
+                                             mgl::tensor* x, const ForwardBatch& batch) const {
     const ModelConfig& c = cfg_;
     const int64_t T = x->dim(0), H = c.num_attention_heads, r = c.kv_lora_rank;
     const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
     const float eps = float(c.rms_norm_eps);
+    mgl::tensor* pages = batch.kv_pages[size_t(il)];
+    mgl::tensor* page_table = batch.page_table;
 
-    mgl::tensor* q;  // [T, H·(nope+rope)]
-    if (L.wq) {
-        q = named(mgl::matmul(ctx, x, L.wq), "q", il);
+    // The first query projection (q, or q_a with q_lora_rank) and the latent projection read the
+    // same input; with merged weights they are one matmul whose columns are split by views.
+    mgl::tensor* q_first;     // [T, H·(nope+rope)] or [T, q_lora_rank]
+    mgl::tensor* kv_cmpr_pe;  // [T, r+rope]
+    const char* q_first_name = L.wq ? "q" : "q_a";
+    if (L.wq_kv_a) {
+        mgl::tensor* both = named(mgl::matmul(ctx, x, L.wq_kv_a), "q_kv_a", il);
+        const int64_t nq = both->dim(1) - (r + rope);
+        q_first = named(mgl::slice(ctx, both, 1, 0, nq), q_first_name, il);
+        kv_cmpr_pe = named(mgl::slice(ctx, both, 1, nq, r + rope), "kv_cmpr_pe", il);
     } else {
-        mgl::tensor* q_a = named(mgl::matmul(ctx, x, L.wq_a), "q_a", il);  // [T, q_lora_rank]
-        q_a = named(mgl::rms_norm(ctx, q_a, L.q_a_norm, eps), "q_a_norm", il);
+        q_first = named(mgl::matmul(ctx, x, L.wq ? L.wq : L.wq_a), q_first_name, il);
+        kv_cmpr_pe = named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);
+    }
+
+    mgl::tensor* q = q_first;  // [T, H·(nope+rope)]
+    if (!L.wq) {
+        mgl::tensor* q_a = named(mgl::rms_norm(ctx, q_first, L.q_a_norm, eps), "q_a_norm", il);
         q = named(mgl::matmul(ctx, q_a, L.wq_b), "q", il);
     }
+    // A reshape needs a contiguous source; the merged matmul's slice is not.
+    if (!q->is_contiguous()) q = named(mgl::contiguous(ctx, q), "q", il);
     q = mgl::reshape(ctx, q, {T, H, nope + rope});                              // [T, H, nope+rope]
     mgl::tensor* q_nope = named(mgl::slice(ctx, q, 2, 0, nope), "q_nope", il);  // [T, H, nope]
     mgl::tensor* q_pe = named(mgl::slice(ctx, q, 2, nope, rope), "q_pe_raw", il);  // [T, H, rope]
     q_pe = named(mgl::rope(ctx, q_pe, batch.positions, rope_), "q_pe", il);        // [T, H, rope]
 
-    mgl::tensor* kv_cmpr_pe =
-        named(mgl::matmul(ctx, x, L.wkv_a_mqa), "kv_cmpr_pe", il);  // [T, r+rope]
     mgl::tensor* kv_cmpr =
         named(mgl::slice(ctx, kv_cmpr_pe, 1, 0, r), "kv_cmpr_raw", il);  // [T, r]
     mgl::tensor* k_pe =
@@ -210,11 +245,11 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     mgl::tensor* q_lat = named(mgl::matmul(ctx, q_nope, L.wk_b), "q_lat_h", il);  // [H, T, r]
     q_lat = named(mgl::permute(ctx, q_lat, {1, 0, 2}), "q_lat", il);              // [T, H, r]
 
-    pages = named(mgl::kv_store(ctx, pages, page_table, kv_cmpr, k_pe, int(batch.n_past)),
-                  "kv_pages", il);
-    // o_lat[t, h] = Σ_s softmax_s((q_lat·c_s + q_pe·k_pe_s)·scale) c_s, causal: [T, H, r]
+    pages = named(mgl::kv_store(ctx, pages, page_table, kv_cmpr, k_pe, batch.positions), "kv_pages",
+                  il);
+    // o_lat[t, h] = Σ_{s <= pos_t} softmax_s((q_lat·c_s + q_pe·k_pe_s)·scale) c_s: [T, H, r]
     mgl::tensor* o_lat =
-        mgl::mla_attn(ctx, q_lat, q_pe, pages, page_table, int(batch.n_past), kq_scale_);
+        mgl::mla_attn(ctx, q_lat, q_pe, pages, page_table, batch.positions, kq_scale_);
     o_lat = named(o_lat, "o_lat", il);
 
     // o[t, h] = W_uv[h] · o_lat[t, h], batched over heads.
@@ -227,50 +262,59 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
 }
 
 mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                                       mgl::tensor* x) const {
-    mgl::tensor* shared = nullptr;  // dense MLP, or the shared experts: down(silu(gate(x)) * up(x))
-    if (L.ffn_gate) {
-        mgl::tensor* gate =
-            named(mgl::matmul(ctx, x, L.ffn_gate), L.is_moe ? "shexp_gate" : "ffn_gate", il);
-        mgl::tensor* up =
-            named(mgl::matmul(ctx, x, L.ffn_up), L.is_moe ? "shexp_up" : "ffn_up", il);
-        mgl::tensor* act =
-            named(mgl::swiglu(ctx, gate, up), L.is_moe ? "shexp_act" : "ffn_act", il);
-        shared = named(mgl::matmul(ctx, act, L.ffn_down), L.is_moe ? "shexp_out" : "ffn_out",
-                       il);  // [T, D]
+                                       mgl::tensor* x, const ForwardBatch& batch, size_t moe_index,
+                                       ForwardResult& result) const {
+    if (!L.is_moe) {  // dense SwiGLU MLP: down(silu(gate(x)) * up(x))
+        mgl::tensor* gate = named(mgl::matmul(ctx, x, L.ffn_gate), "ffn_gate", il);
+        mgl::tensor* up = named(mgl::matmul(ctx, x, L.ffn_up), "ffn_up", il);
+        mgl::tensor* act = named(mgl::swiglu(ctx, gate, up), "ffn_act", il);
+        return named(mgl::matmul(ctx, act, L.ffn_down), "ffn_out", il);  // [T, D]
     }
-    if (!L.is_moe) return shared;
-
     mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
     mgl::tensor* probs = named(mgl::softmax(ctx, logits), "router_probs", il);        // [T, E]
     mgl::tensor* ids = named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);    // [T, k] i32
     mgl::tensor* w =
-        named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);            // [T, k]
-    mgl::tensor* moe = named(mgl::moe_experts(ctx, x, ids, w, L.experts), "moe_out", il);  // [T, D]
-    return shared ? named(mgl::add(ctx, moe, shared), "ffn_out", il) : moe;
+        named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);  // [T, k]
+    result.router_ids.push_back(ids);
+    result.router_weights.push_back(w);
+    if (!batch.routing_ids.empty()) {  // imposed routing (the router above still runs)
+        ids = batch.routing_ids[moe_index];
+        w = batch.routing_weights[moe_index];
+    }
+    // Σ_k w_k · Expert_k(x) + Shared(x), the shared expert being absent when ffn_gate is null.
+    const mgl::shared_expert shared{L.ffn_gate, L.ffn_up, L.ffn_down};
+    return named(mgl::moe_experts(ctx, x, ids, w, L.expert_table, expert_layout_, shared),
+                 "ffn_out", il);  // [T, D]
 }
 
-mgl::tensor* Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch,
-                                           LatentKvCache& cache) const {
+ForwardResult Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch) const {
     const float eps = float(cfg_.rms_norm_eps);
     const int64_t T = batch.tokens->dim(0);
     MGL_CHECK(T > 0 && batch.positions->dim(0) == T,
               "forward: tokens and positions must have the same length");
-    mgl::tensor* page_table = cache.page_table(ctx, batch.seq);
+    MGL_CHECK(batch.kv_pages.size() == size_t(cfg_.num_hidden_layers) && batch.page_table,
+              "forward: the batch needs one cache page pool per layer and a page table");
+    MGL_CHECK(batch.routing_ids.size() == batch.routing_weights.size() &&
+                  (batch.routing_ids.empty() || batch.routing_ids.size() == moe_layers_.size()),
+              "forward: imposed routing needs ids and weights for every MoE layer");
 
+    ForwardResult result;
     mgl::tensor* x = named(mgl::get_rows(ctx, tok_embd_, batch.tokens), "inp_embd");  // [T, D]
+    size_t moe_index = 0;
     for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) {
         const Deepseek2Layer& L = layers_[size_t(il)];
         mgl::tensor* cur = named(mgl::rms_norm(ctx, x, L.attn_norm, eps), "attn_norm", il);
-        cur = build_attention(ctx, L, il, cur, batch, cache.layer_pages(ctx, il), page_table);
+        cur = build_attention(ctx, L, il, cur, batch);
         x = named(mgl::add(ctx, x, cur), "ffn_inp", il);  // h = x + MLA(norm(x))
         cur = named(mgl::rms_norm(ctx, x, L.ffn_norm, eps), "ffn_norm", il);
-        cur = build_ffn(ctx, L, il, cur);
+        cur = build_ffn(ctx, L, il, cur, batch, moe_index, result);
+        if (L.is_moe) ++moe_index;
         x = named(mgl::add(ctx, x, cur), "l_out", il);  // y = h + FFN(norm(h))
     }
     if (!batch.all_logits) x = mgl::slice(ctx, x, 0, T - 1, 1);  // [1, D]
     x = named(mgl::rms_norm(ctx, x, output_norm_, eps), "result_norm");
-    return named(mgl::matmul(ctx, x, output_), "result_output");  // [T or 1, V]
+    result.logits = named(mgl::matmul(ctx, x, output_), "result_output");  // [T or 1, V]
+    return result;
 }
 
 }  // namespace minids

@@ -1,9 +1,12 @@
 // DeepSeek-V2 family model: weights bound from a mapped .mds file and the forward graph.
 //
-// Binding copies nothing: every weight is a leaf mgl::tensor whose data points into the file
-// mapping, and the routed experts of a MoE layer are one mgl::expert_set whose per-expert
-// pointers point at the expert blobs. Shapes below are outermost first, as in the checkpoint
-// (a linear weight is [out, in]); D = hidden_size, H = heads, r = kv_lora_rank.
+// Where the weights live depends on the backend (model/weight_store.h): for the CPU every weight
+// is a leaf mgl::tensor whose data points into the file mapping (nothing is copied); for CUDA
+// they are copied once into device memory. The routed experts of a MoE layer are reached through
+// an expert table, an i64 tensor [n_routed_experts] of blob addresses that moe_experts reads, so
+// an expert cache can move experts by rewriting table entries. Shapes below are outermost first,
+// as in the checkpoint (a linear weight is [out, in]); D = hidden_size, H = heads,
+// r = kv_lora_rank.
 #pragma once
 
 #include <cstdint>
@@ -14,10 +17,9 @@
 #include "mds/reader.h"
 #include "mgl.h"
 #include "model/config.h"
+#include "model/weight_store.h"
 
 namespace minids {
-
-class LatentKvCache;
 
 struct Deepseek2Layer {
     mgl::tensor* attn_norm = nullptr;  // input_layernorm [D]
@@ -26,6 +28,9 @@ struct Deepseek2Layer {
     mgl::tensor* q_a_norm = nullptr;   // q_a_layernorm [q_lora_rank]
     mgl::tensor* wq_b = nullptr;       // q_b_proj [H·(nope+rope), q_lora_rank]
     mgl::tensor* wkv_a_mqa = nullptr;  // kv_a_proj_with_mqa [r + rope, D]
+    // [wq or wq_a ; wkv_a_mqa] stacked by rows, when the weights were copied (device backends):
+    // the query and latent projections read the same input, so one matmul serves both.
+    mgl::tensor* wq_kv_a = nullptr;
     mgl::tensor* kv_a_norm = nullptr;  // kv_a_layernorm [r]
     mgl::tensor* wk_b = nullptr;       // view of kv_b_proj: W_uk as [H, r, nope] (transposed)
     mgl::tensor* wv_b = nullptr;       // view of kv_b_proj: W_uv as [H, v, r]
@@ -36,25 +41,41 @@ struct Deepseek2Layer {
     mgl::tensor* ffn_up = nullptr;    // [n_ff, D]
     mgl::tensor* ffn_down = nullptr;  // [D, n_ff]
     // MoE only.
-    mgl::tensor* router = nullptr;  // mlp.gate [n_routed_experts, D]
-    std::shared_ptr<const mgl::expert_set> experts;
+    mgl::tensor* router = nullptr;        // mlp.gate [n_routed_experts, D]
+    mgl::tensor* expert_table = nullptr;  // [n_routed_experts] i64 blob addresses
     bool is_moe = false;
 };
 
-// What one forward call needs besides the weights.
+// What one forward call needs besides the weights. Every value that changes from call to call is
+// a tensor, so a graph recorded for one decode step serves the next ones.
 struct ForwardBatch {
     mgl::tensor* tokens = nullptr;     // [T] i32
-    mgl::tensor* positions = nullptr;  // [T] i32, n_past .. n_past+T-1
-    int64_t n_past = 0;                // tokens already in the cache for this sequence
-    int seq = 0;                       // cache sequence
-    bool all_logits = false;           // logits for every position, else only the last
+    mgl::tensor* positions = nullptr;  // [T] i32: where each token goes in the cache
+    // The latent cache: one page pool per layer [n_pages, page_size, r + rope] and the sequence's
+    // page table [max_pages] i32 (see runtime/kv_cache.h).
+    std::vector<mgl::tensor*> kv_pages;
+    mgl::tensor* page_table = nullptr;
+    bool all_logits = false;  // logits for every position, else only the last
+    // Routing imposed instead of the routers' choice (the routers still run): per MoE layer, in
+    // layer order, ids [T, k] i32 and weights [T, k] f32. Empty: the routers decide.
+    std::vector<mgl::tensor*> routing_ids;
+    std::vector<mgl::tensor*> routing_weights;
+};
+
+struct ForwardResult {
+    mgl::tensor* logits = nullptr;  // [T, vocab] with all_logits, else [1, vocab]
+    // What each MoE layer's router chose (layer order): ids [T, k] i32, weights [T, k] f32.
+    std::vector<mgl::tensor*> router_ids;
+    std::vector<mgl::tensor*> router_weights;
 };
 
 class Deepseek2Model {
 public:
-    // Binds every weight by name and shape; throws mds::FileError naming what is missing or
-    // mis-shaped.
-    explicit Deepseek2Model(const mds::MdsFile& file);
+    // Binds every weight by name and shape (throws mds::FileError naming what is missing or
+    // mis-shaped) and places them where `backend` computes (copying them to the device for CUDA).
+    // The backend must outlive the model.
+    Deepseek2Model(const mds::MdsFile& file, mgl::backend& backend,
+                   const WeightOptions& options = {});
     Deepseek2Model(const Deepseek2Model&) = delete;
     Deepseek2Model& operator=(const Deepseek2Model&) = delete;
 
@@ -62,31 +83,37 @@ public:
     const mds::MdsFile& file() const { return file_; }
     // Bytes of the weights the forward reads (dense tensors + expert blobs).
     uint64_t weight_bytes() const { return weight_bytes_; }
+    const WeightStore& weights() const { return *store_; }
+    // Layers with routed experts, in order, and the experts' layout.
+    const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
+    const mgl::expert_layout* expert_layout() const { return expert_layout_.get(); }
 
     // Records the forward for `batch` into `ctx`: writes the batch's c and k_pe into the cache
-    // and returns the logits, [T, vocab] with all_logits, else [1, vocab].
-    mgl::tensor* build_forward(mgl::context& ctx, const ForwardBatch& batch,
-                               LatentKvCache& cache) const;
+    // at its positions and returns the logits and the routers' choices.
+    ForwardResult build_forward(mgl::context& ctx, const ForwardBatch& batch) const;
 
 private:
     mgl::tensor* weight(const std::string& name, std::vector<int64_t> shape);
-    mgl::tensor* optional_norm(const std::string& name, int64_t n);
     void bind_layer(int64_t il);
-    std::shared_ptr<const mgl::expert_set> bind_experts(int64_t il);
+    void bind_expert_layout();
+    void merge_projections();
 
     mgl::tensor* build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                                 mgl::tensor* x, const ForwardBatch& batch, mgl::tensor* pages,
-                                 mgl::tensor* page_table) const;
-    mgl::tensor* build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                           mgl::tensor* x) const;
+                                 mgl::tensor* x, const ForwardBatch& batch) const;
+    mgl::tensor* build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x,
+                           const ForwardBatch& batch, size_t moe_index,
+                           ForwardResult& result) const;
 
     const mds::MdsFile& file_;
     ModelConfig cfg_;
-    mgl::context weights_;                // leaf tensors over the mapping
+    mgl::context weights_;  // leaf tensors over the weights (mapping or device copies)
+    std::unique_ptr<WeightStore> store_;
     mgl::tensor* tok_embd_ = nullptr;     // embed_tokens [vocab, D]
     mgl::tensor* output_norm_ = nullptr;  // norm [D]
     mgl::tensor* output_ = nullptr;       // lm_head [vocab, D] (embed_tokens when tied)
     std::vector<Deepseek2Layer> layers_;
+    std::vector<int64_t> moe_layers_;
+    std::shared_ptr<const mgl::expert_layout> expert_layout_;
     std::shared_ptr<const mgl::rope_params> rope_;
     mgl::moe_route_params route_;
     float kq_scale_ = 1.0f;

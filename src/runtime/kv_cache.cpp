@@ -1,6 +1,7 @@
 #include "runtime/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace minids {
@@ -14,9 +15,15 @@ LatentKvCache::LatentKvCache(mgl::backend& backend, const KvCacheParams& params)
     max_pages_per_seq_ = (params_.n_ctx + params_.page_size - 1) / params_.page_size;
     if (params_.n_pages <= 0) params_.n_pages = max_pages_per_seq_;
     MGL_CHECK(params_.n_pages <= INT32_MAX, "kv cache: too many pages");
+    MGL_CHECK(params_.type == mgl::dtype::f32 || params_.type == mgl::dtype::bf16,
+              "kv cache: rows must be f32 or bf16");
     pool_ = backend_.alloc_buffer(layer_bytes() * size_t(params_.n_layer));
-    page_tables_ = backend_.alloc_buffer(size_t(params_.max_sequences) *
-                                         size_t(max_pages_per_seq_) * sizeof(int32_t));
+    const size_t table_bytes =
+        size_t(params_.max_sequences) * size_t(max_pages_per_seq_) * sizeof(int32_t);
+    page_tables_ = backend_.alloc_buffer(table_bytes);
+    host_tables_ = backend_.alloc_host_buffer(table_bytes);
+    // Unused entries point at page 0: a valid page, never read below a sequence's length.
+    std::memset(host_tables_->base(), 0, table_bytes);
     // Hand out low page numbers first (pop from the back).
     free_pages_.resize(size_t(params_.n_pages));
     for (int64_t i = 0; i < params_.n_pages; ++i)
@@ -25,7 +32,8 @@ LatentKvCache::LatentKvCache(mgl::backend& backend, const KvCacheParams& params)
 }
 
 size_t LatentKvCache::layer_bytes() const {
-    return size_t(params_.n_pages) * size_t(params_.page_size) * size_t(width()) * sizeof(float);
+    return size_t(params_.n_pages) * size_t(params_.page_size) * size_t(width()) *
+           mgl::dtype_size(params_.type);
 }
 
 size_t LatentKvCache::bytes() const { return layer_bytes() * size_t(params_.n_layer); }
@@ -45,7 +53,7 @@ const LatentKvCache::Sequence& LatentKvCache::sequence(int seq) const {
 int LatentKvCache::new_sequence() {
     for (size_t i = 0; i < seqs_.size(); ++i) {
         if (!seqs_[i].in_use) {
-            seqs_[i] = Sequence{true, 0, {}};
+            seqs_[i] = Sequence{true, 0, {}, true};
             return int(i);
         }
     }
@@ -73,6 +81,7 @@ void LatentKvCache::reserve(int seq, int64_t n_new) {
     while (int64_t(s.pages.size()) < pages_needed) {
         s.pages.push_back(free_pages_.back());
         free_pages_.pop_back();
+        s.table_dirty = true;
     }
 }
 
@@ -93,27 +102,38 @@ void LatentKvCache::truncate(int seq, int64_t n) {
     while (int64_t(s.pages.size()) > keep) {
         free_pages_.push_back(s.pages.back());
         s.pages.pop_back();
+        s.table_dirty = true;
     }
 }
 
 mgl::tensor* LatentKvCache::layer_pages(mgl::context& ctx, int64_t layer) {
     MGL_CHECK(layer >= 0 && layer < params_.n_layer, "kv cache: no layer " + std::to_string(layer));
-    mgl::tensor* t = ctx.new_tensor(mgl::dtype::f32, {params_.n_pages, params_.page_size, width()},
+    mgl::tensor* t = ctx.new_tensor(params_.type, {params_.n_pages, params_.page_size, width()},
                                     "kv_pages-" + std::to_string(layer));
     mgl::bind(*t, *pool_, size_t(layer) * layer_bytes());
     return t;
 }
 
 mgl::tensor* LatentKvCache::page_table(mgl::context& ctx, int seq) {
-    const Sequence& s = sequence(seq);
-    // Unused entries point at page 0: a valid page, never read below the sequence's length.
-    std::vector<int32_t> table(size_t(max_pages_per_seq_), 0);
-    std::copy(s.pages.begin(), s.pages.end(), table.begin());
+    sequence(seq);
     mgl::tensor* t = ctx.new_tensor(mgl::dtype::i32, {max_pages_per_seq_},
                                     "kv_page_table-" + std::to_string(seq));
-    mgl::bind(*t, *page_tables_, size_t(seq) * table.size() * sizeof(int32_t));
-    backend_.upload(*t, table.data(), 0, table.size() * sizeof(int32_t));
+    mgl::bind(*t, *page_tables_, size_t(seq) * size_t(max_pages_per_seq_) * sizeof(int32_t));
     return t;
+}
+
+void LatentKvCache::sync(int seq) {
+    Sequence& s = sequence(seq);
+    if (!s.table_dirty) return;
+    const size_t n = size_t(max_pages_per_seq_);
+    auto* table = static_cast<int32_t*>(host_tables_->base()) + size_t(seq) * n;
+    std::fill(table, table + n, 0);
+    std::copy(s.pages.begin(), s.pages.end(), table);
+    mgl::context ctx;
+    mgl::tensor* t = page_table(ctx, seq);
+    // The host copy is not touched again before the next sync, after the graph that reads it.
+    backend_.upload_async(*t, table, 0, n * sizeof(int32_t));
+    s.table_dirty = false;
 }
 
 void LatentKvCache::read_row(int seq, int64_t layer, int64_t pos, float* out) const {
@@ -124,10 +144,12 @@ void LatentKvCache::read_row(int seq, int64_t layer, int64_t pos, float* out) co
     const int64_t page = s.pages[size_t(pos / params_.page_size)];
     const size_t row = size_t(page * params_.page_size + pos % params_.page_size);
     mgl::context ctx;
-    mgl::tensor* t = ctx.new_tensor(mgl::dtype::f32, {params_.n_pages, params_.page_size, width()});
+    mgl::tensor* t = ctx.new_tensor(params_.type, {params_.n_pages, params_.page_size, width()});
     mgl::bind(*t, *pool_, size_t(layer) * layer_bytes());
-    backend_.download(*t, out, row * size_t(width()) * sizeof(float),
-                      size_t(width()) * sizeof(float));
+    const size_t es = mgl::dtype_size(params_.type);
+    std::vector<uint8_t> raw(size_t(width()) * es);
+    backend_.download(*t, raw.data(), row * raw.size(), raw.size());
+    mgl::to_f32(params_.type, raw.data(), out, size_t(width()));
 }
 
 }  // namespace minids

@@ -2,12 +2,12 @@
 //
 // Per token and layer it holds what the absorbed attention reads: c (the compressed KV after
 // kv_a_layernorm, kv_lora_rank values) and k_pe (the rope key after RoPE, qk_rope_head_dim
-// values), side by side in one row of `width = kv_lora_rank + rope` F32 values.
+// values), side by side in one row of `width = kv_lora_rank + rope` values, F32 or BF16.
 //
 // Memory is a pool of fixed-size pages (page_size tokens each), one pool per layer, all layers
 // sharing the same page numbering:
 //
-//     layer pool      [n_pages, page_size, width]   f32, in one backend buffer
+//     layer pool      [n_pages, page_size, width]   f32 | bf16, in one backend buffer
 //     page table      [max_pages_per_seq]           i32, logical page p -> physical page
 //
 // A sequence owns a list of physical pages; position `pos` lives in page table[pos / page_size]
@@ -15,6 +15,10 @@
 // when it is truncated or freed, so sequences of different lengths share one pool. The graph
 // reads and writes the pool through mgl::kv_store / mgl::mla_attn; this class only does the
 // bookkeeping and hands out leaf tensors that alias its memory.
+//
+// The page tables have a host copy; reserve() and truncate() change it and sync() uploads what
+// changed, as its own step before a graph runs (never while one is being recorded), so a
+// recorded decode graph that reads the table from backend memory stays valid across steps.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +32,11 @@ struct KvCacheParams {
     int64_t n_layer = 0;
     int64_t kv_lora_rank = 0;
     int64_t rope_dim = 0;
-    int64_t n_ctx = 0;       // longest sequence, in tokens
-    int64_t page_size = 64;  // tokens per page
-    int64_t n_pages = 0;     // pool size; 0: enough for one sequence of n_ctx
-    int max_sequences = 4;   // page-table slots
+    int64_t n_ctx = 0;                  // longest sequence, in tokens
+    int64_t page_size = 64;             // tokens per page
+    int64_t n_pages = 0;                // pool size; 0: enough for one sequence of n_ctx
+    int max_sequences = 4;              // page-table slots
+    mgl::dtype type = mgl::dtype::f32;  // f32 or bf16 rows
 };
 
 class LatentKvCache {
@@ -49,6 +54,8 @@ public:
     int64_t width() const { return params_.kv_lora_rank + params_.rope_dim; }
     int64_t free_pages() const { return int64_t(free_pages_.size()); }
     size_t bytes() const;  // the whole pool over all layers
+    mgl::dtype type() const { return params_.type; }
+    int64_t max_pages_per_seq() const { return max_pages_per_seq_; }
 
     // Makes room for positions [length, length + n_new) (takes pages as needed). Throws
     // mgl::error when the sequence would pass n_ctx or the pool runs out: callers check the
@@ -59,10 +66,12 @@ public:
     // Keeps positions [0, n) and gives back the pages beyond them.
     void truncate(int seq, int64_t n);
 
-    // Leaf tensors aliasing the cache, for one graph in `ctx`. The page table is uploaded to
-    // the backend as it is now, so call these after reserve().
+    // Leaf tensors aliasing the cache, for graphs in `ctx`. Their addresses never change.
     mgl::tensor* layer_pages(mgl::context& ctx, int64_t layer);
     mgl::tensor* page_table(mgl::context& ctx, int seq);
+    // Uploads the sequence's page table if reserve() or truncate() changed it since the last
+    // sync; ordered before the next compute on the backend's queue.
+    void sync(int seq);
 
     // Copies the stored row (c then k_pe, `width` floats) of one position, for tests and dumps.
     void read_row(int seq, int64_t layer, int64_t pos, float* out) const;
@@ -72,6 +81,7 @@ private:
         bool in_use = false;
         int64_t length = 0;
         std::vector<int32_t> pages;  // physical page per logical page
+        bool table_dirty = true;     // host table differs from the uploaded one
     };
     Sequence& sequence(int seq);
     const Sequence& sequence(int seq) const;
@@ -82,6 +92,7 @@ private:
     int64_t max_pages_per_seq_ = 0;
     mgl::buffer_ptr pool_;         // n_layer pools back to back
     mgl::buffer_ptr page_tables_;  // one [max_pages_per_seq] i32 table per sequence slot
+    mgl::buffer_ptr host_tables_;  // their host copies (pinned for a device backend)
     std::vector<int32_t> free_pages_;
     std::vector<Sequence> seqs_;
 };

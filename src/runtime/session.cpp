@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace minids {
@@ -15,10 +16,137 @@ KvCacheParams cache_params(const ModelConfig& c, const SessionParams& p) {
     k.n_ctx = p.n_ctx;
     k.page_size = p.page_size;
     k.max_sequences = 1;
+    k.type = p.kv_type;
     return k;
 }
 
+constexpr size_t kInputAlign = 64;
+size_t align_up(size_t n) { return (n + kInputAlign - 1) / kInputAlign * kInputAlign; }
+
 }  // namespace
+
+Session::Session(const Deepseek2Model& model, mgl::backend& backend, const SessionParams& params)
+    : model_(model),
+      backend_(backend),
+      params_(params),
+      own_cache_(std::make_unique<LatentKvCache>(backend, cache_params(model.config(), params))),
+      cache_(own_cache_.get()) {
+    MGL_CHECK(params_.n_ubatch > 0, "session: n_ubatch must be positive");
+    seq_ = cache_->new_sequence();
+}
+
+Session::Session(const Deepseek2Model& model, mgl::backend& backend, LatentKvCache& shared_cache,
+                 const SessionParams& params)
+    : model_(model), backend_(backend), params_(params), cache_(&shared_cache) {
+    MGL_CHECK(params_.n_ubatch > 0, "session: n_ubatch must be positive");
+    seq_ = cache_->new_sequence();
+}
+
+Session::~Session() { cache_->free_sequence(seq_); }
+
+void Session::set_routing_override(RoutingOverride f) {
+    if (bool(f) != bool(routing_override_)) decode_.reset();  // the graph's inputs differ
+    routing_override_ = std::move(f);
+}
+
+std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, bool keep_named) {
+    auto s = std::make_unique<StepGraph>();
+    const int64_t k = model_.config().num_experts_per_tok;
+    const size_t n_moe = model_.moe_layers().size();
+    const bool imposed = bool(routing_override_);
+
+    // Inputs, back to back in one backend buffer (one upload per step) with a host staging copy.
+    s->tokens = s->ctx.new_tensor(mgl::dtype::i32, {T}, "inp_tokens");
+    s->positions = s->ctx.new_tensor(mgl::dtype::i32, {T}, "inp_pos");
+    std::vector<mgl::tensor*> inputs{s->tokens, s->positions};
+    for (size_t i = 0; imposed && i < n_moe; ++i) {
+        const std::string l = std::to_string(model_.moe_layers()[i]);
+        s->routing_ids.push_back(s->ctx.new_tensor(mgl::dtype::i32, {T, k}, "imposed_ids-" + l));
+        s->routing_weights.push_back(
+            s->ctx.new_tensor(mgl::dtype::f32, {T, k}, "imposed_weights-" + l));
+        inputs.push_back(s->routing_ids.back());
+        inputs.push_back(s->routing_weights.back());
+    }
+    size_t bytes = 0;
+    for (mgl::tensor* t : inputs) bytes += align_up(mgl::nbytes(*t));
+    s->inputs = backend_.alloc_buffer(bytes);
+    s->host_inputs = backend_.alloc_host_buffer(bytes);
+    size_t at = 0;
+    for (mgl::tensor* t : inputs) {
+        mgl::bind(*t, *s->inputs, at);
+        at += align_up(mgl::nbytes(*t));
+    }
+
+    ForwardBatch batch;
+    batch.tokens = s->tokens;
+    batch.positions = s->positions;
+    for (int64_t il = 0; il < model_.config().num_hidden_layers; ++il)
+        batch.kv_pages.push_back(cache_->layer_pages(s->ctx, il));
+    batch.page_table = cache_->page_table(s->ctx, seq_);
+    batch.all_logits = all_logits;
+    batch.routing_ids = s->routing_ids;
+    batch.routing_weights = s->routing_weights;
+    s->out = model_.build_forward(s->ctx, batch);
+
+    // The routers' choices are outputs too: kept for the routing observer, and computed even
+    // when an imposed routing replaces them (so an eval costs the same either way).
+    std::vector<mgl::tensor*> outputs{s->out.logits};
+    outputs.insert(outputs.end(), s->out.router_ids.begin(), s->out.router_ids.end());
+    outputs.insert(outputs.end(), s->out.router_weights.begin(), s->out.router_weights.end());
+    s->graph = mgl::build_graph(s->ctx, outputs);
+    if (keep_named) {
+        // Every named computed node becomes an output, so none is overwritten.
+        for (mgl::tensor* n : s->graph.nodes) {
+            const bool dumpable = n->type == mgl::dtype::f32 || n->type == mgl::dtype::i32;
+            // kv_store's node aliases the whole cache, which is no intermediate.
+            const bool computed = n->op_kind != mgl::op::view && n->op_kind != mgl::op::kv_store;
+            if (!n->name.empty() && computed && dumpable &&
+                std::find(outputs.begin(), outputs.end(), n) == outputs.end())
+                outputs.push_back(n);
+        }
+        s->graph = mgl::build_graph(s->ctx, outputs);
+    }
+    return s;
+}
+
+void Session::write_inputs(StepGraph& s, std::span<const int32_t> tokens, int64_t n_past,
+                           bool prefill) {
+    const int64_t T = int64_t(tokens.size());
+    auto* host = static_cast<uint8_t*>(s.host_inputs->base());
+    auto host_of = [&](const mgl::tensor* t) {
+        return host + (static_cast<const uint8_t*>(t->data) -
+                       static_cast<const uint8_t*>(s.inputs->base()));
+    };
+    std::memcpy(host_of(s.tokens), tokens.data(), size_t(T) * sizeof(int32_t));
+    auto* pos = reinterpret_cast<int32_t*>(host_of(s.positions));
+    for (int64_t i = 0; i < T; ++i) pos[i] = int32_t(n_past + i);
+    if (!s.routing_ids.empty()) {
+        RoutingRecord r;
+        r.n_tokens = T;
+        r.prefill = prefill;
+        r.k = s.routing_ids[0]->dim(1);
+        const size_t per_layer = size_t(T * r.k);
+        r.ids.assign(per_layer * s.routing_ids.size(), 0);
+        r.weights.assign(per_layer * s.routing_ids.size(), 0.0f);
+        routing_override_(r);
+        const int64_t E = model_.config().n_routed_experts;
+        for (int32_t id : r.ids) {
+            MGL_CHECK(id >= 0 && id < E, "imposed routing: expert id " + std::to_string(id) +
+                                             " outside [0, " + std::to_string(E) + ")");
+        }
+        for (size_t l = 0; l < s.routing_ids.size(); ++l) {
+            std::memcpy(host_of(s.routing_ids[l]), r.ids.data() + l * per_layer,
+                        per_layer * sizeof(int32_t));
+            std::memcpy(host_of(s.routing_weights[l]), r.weights.data() + l * per_layer,
+                        per_layer * sizeof(float));
+        }
+    }
+    // One copy for all inputs: they are adjacent in the buffer.
+    mgl::context ctx;
+    mgl::tensor* all = ctx.new_tensor(mgl::dtype::i32, {int64_t(s.inputs->size() / 4)});
+    mgl::bind(*all, *s.inputs, 0);
+    backend_.upload_async(*all, host, 0, s.inputs->size() / 4 * 4);
+}
 
 void Session::report_tensors(const std::vector<mgl::tensor*>& nodes,
                              const TensorObserver& observe) {
@@ -39,83 +167,90 @@ void Session::report_tensors(const std::vector<mgl::tensor*>& nodes,
     }
 }
 
-Session::Session(const Deepseek2Model& model, mgl::backend& backend, const SessionParams& params)
-    : model_(model),
-      backend_(backend),
-      own_cache_(std::make_unique<LatentKvCache>(backend, cache_params(model.config(), params))),
-      cache_(own_cache_.get()) {
-    seq_ = cache_->new_sequence();
+void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
+    const auto& ids = s.routing_ids.empty() ? s.out.router_ids : s.routing_ids;
+    const auto& wts = s.routing_ids.empty() ? s.out.router_weights : s.routing_weights;
+    RoutingRecord r;
+    r.n_tokens = T;
+    r.prefill = prefill;
+    r.k = model_.config().num_experts_per_tok;
+    const size_t per_layer = size_t(T * r.k);
+    r.ids.resize(per_layer * ids.size());
+    r.weights.resize(per_layer * ids.size());
+    for (size_t l = 0; l < ids.size(); ++l) {
+        backend_.download(*ids[l], r.ids.data() + l * per_layer, 0, per_layer * sizeof(int32_t));
+        backend_.download(*wts[l], r.weights.data() + l * per_layer, 0, per_layer * sizeof(float));
+    }
+    routing_observer_(r);
 }
 
-Session::Session(const Deepseek2Model& model, mgl::backend& backend, LatentKvCache& shared_cache)
-    : model_(model), backend_(backend), cache_(&shared_cache) {
-    seq_ = cache_->new_sequence();
-}
+std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_logits,
+                                      const TensorObserver* observe) {
+    const int64_t T = int64_t(tokens.size());
+    const int64_t n_past = this->n_past();
+    const bool decode = T == 1 && !observe && use_decode_graph_;
+    cache_->reserve(seq_, T);
 
-Session::~Session() { cache_->free_sequence(seq_); }
+    std::unique_ptr<StepGraph> one_off;
+    StepGraph* s;
+    if (decode) {
+        if (!decode_) {
+            decode_ = record(1, false, false);
+            decode_->graph.reusable = true;
+            backend_.allocate(decode_->graph, decode_arena_);
+        }
+        s = decode_.get();
+    } else {
+        one_off = record(T, all_logits, observe != nullptr);
+        backend_.allocate(one_off->graph, prompt_arena_);
+        s = one_off.get();
+    }
+    write_inputs(*s, tokens, n_past, !decode);
+    cache_->sync(seq_);
+    backend_.compute(s->graph);
+
+    if (observe) {
+        std::vector<mgl::tensor*> observed;
+        for (mgl::tensor* n : s->graph.outputs) {
+            if (n != s->out.logits && !n->name.empty()) observed.push_back(n);
+        }
+        observed.push_back(s->out.logits);
+        report_tensors(observed, *observe);
+    }
+    std::vector<float> out(size_t(s->out.logits->nelements()));
+    backend_.download(*s->out.logits, out.data(), 0, out.size() * sizeof(float));
+    if (routing_observer_) report_routing(*s, T, !decode);
+
+    cache_->advance(seq_, T);
+    history_.insert(history_.end(), tokens.begin(), tokens.end());
+    return out;
+}
 
 std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
                                  const TensorObserver* observe) {
     const int64_t T = int64_t(tokens.size());
     MGL_CHECK(T > 0, "session: eval of an empty batch");
-    const int64_t n_past = this->n_past();
-    MGL_CHECK(n_past + T <= n_ctx(), "session: " + std::to_string(n_past + T) +
-                                         " tokens exceed the context of " +
-                                         std::to_string(n_ctx()));
+    MGL_CHECK(n_past() + T <= n_ctx(), "session: " + std::to_string(n_past() + T) +
+                                           " tokens exceed the context of " +
+                                           std::to_string(n_ctx()));
     const int64_t vocab = model_.config().vocab_size;
     for (int32_t id : tokens) {
         MGL_CHECK(id >= 0 && id < vocab,
                   "session: token id " + std::to_string(id) + " outside the vocabulary");
     }
-    cache_->reserve(seq_, T);
-
-    const size_t in_bytes = 2 * size_t(T) * sizeof(int32_t);
-    if (in_bytes > inputs_capacity_) {
-        inputs_ = backend_.alloc_buffer(in_bytes);
-        inputs_capacity_ = in_bytes;
-    }
-    mgl::context ctx;
-    ForwardBatch batch;
-    batch.tokens = ctx.new_tensor(mgl::dtype::i32, {T}, "inp_tokens");
-    batch.positions = ctx.new_tensor(mgl::dtype::i32, {T}, "inp_pos");
-    batch.n_past = n_past;
-    batch.seq = seq_;
-    batch.all_logits = all_logits;
-    mgl::bind(*batch.tokens, *inputs_, 0);
-    mgl::bind(*batch.positions, *inputs_, size_t(T) * sizeof(int32_t));
-    std::vector<int32_t> positions(static_cast<size_t>(T));
-    for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = int32_t(n_past + i);
-    backend_.upload(*batch.tokens, tokens.data(), 0, size_t(T) * sizeof(int32_t));
-    backend_.upload(*batch.positions, positions.data(), 0, size_t(T) * sizeof(int32_t));
-
-    mgl::tensor* logits = model_.build_forward(ctx, batch, *cache_);
-    mgl::graph g = mgl::build_graph(ctx, {logits});
-    std::vector<mgl::tensor*> observed;
-    if (observe) {
-        // Rebuild with every named computed node as an output, so none is overwritten.
-        std::vector<mgl::tensor*> outputs{logits};
-        for (mgl::tensor* n : g.nodes) {
-            const bool dumpable = n->type == mgl::dtype::f32 || n->type == mgl::dtype::i32;
-            // kv_store's node aliases the whole cache, which is no intermediate.
-            const bool computed = n->op_kind != mgl::op::view && n->op_kind != mgl::op::kv_store;
-            if (n != logits && !n->name.empty() && computed && dumpable) {
-                observed.push_back(n);
-                outputs.push_back(n);
-            }
+    // A dump sees the whole prompt as one graph; otherwise prompts run in chunks of n_ubatch.
+    const int64_t chunk = observe ? T : params_.n_ubatch;
+    std::vector<float> logits;
+    for (int64_t i = 0; i < T; i += chunk) {
+        const auto part = tokens.subspan(size_t(i), size_t(std::min(chunk, T - i)));
+        std::vector<float> l = run_chunk(part, all_logits, observe);
+        if (all_logits) {
+            logits.insert(logits.end(), l.begin(), l.end());
+        } else {
+            logits = std::move(l);
         }
-        observed.push_back(logits);
-        g = mgl::build_graph(ctx, outputs);
     }
-    backend_.allocate(g);
-    backend_.compute(g);
-    backend_.synchronize();
-    if (observe) report_tensors(observed, *observe);
-    std::vector<float> out(size_t(logits->nelements()));
-    backend_.download(*logits, out.data(), 0, out.size() * sizeof(float));
-
-    cache_->advance(seq_, T);
-    history_.insert(history_.end(), tokens.begin(), tokens.end());
-    return out;
+    return logits;
 }
 
 void Session::truncate(int64_t n) {

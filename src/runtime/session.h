@@ -1,5 +1,9 @@
-// One sequence being run through a model: the token history, its latent KV cache, and the
-// eval step that runs one graph per call (a whole prompt chunk, or one decoded token).
+// One sequence being run through a model: the token history, its latent KV cache, and eval().
+//
+// eval() runs a prompt chunk as a graph recorded for that call (chunks of at most n_ubatch
+// tokens), and a single decoded token through the decode graph, recorded once per session and
+// computed again for every token: before each step only the contents of its inputs change (token,
+// position, the page table when a page was added), so a backend may replay it (CUDA graphs).
 #pragma once
 
 #include <cstdint>
@@ -17,12 +21,30 @@ namespace minids {
 struct SessionParams {
     int64_t n_ctx = 4096;    // longest sequence, in tokens
     int64_t page_size = 64;  // KV cache page, in tokens
+    int64_t n_ubatch = 512;  // most tokens in one prompt graph (longer prompts are chunked)
+    mgl::dtype kv_type = mgl::dtype::f32;  // KV cache rows: f32 or bf16
 };
 
-// Sees every named intermediate of an eval (e.g. "q_pe-3", "moe_out-1", "result_output") after
+// Sees every named intermediate of an eval (e.g. "q_pe-3", "ffn_out-1", "result_output") after
 // the graph ran, as contiguous float32 values in the tensor's shape (I32 tensors such as
 // expert_ids are converted). Views are not reported: their source is.
 using TensorObserver = std::function<void(const mgl::tensor& t, std::span<const float> values)>;
+
+// The experts of one eval's tokens for every MoE layer (Deepseek2Model::moe_layers() order):
+// ids and weights are [n_moe_layers][n_tokens][k], row-major.
+struct RoutingRecord {
+    int64_t n_tokens = 0;
+    bool prefill = false;  // a prompt chunk (n_tokens >= 1) rather than one decoded token
+    int64_t k = 0;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+};
+// Sees what the routers chose (or what an override imposed) after each eval.
+using RoutingObserver = std::function<void(const RoutingRecord&)>;
+// Fills ids and weights (n_tokens, prefill and k are set, the vectors sized) to impose a
+// routing on the next eval instead of the routers' choice; the routers still run, so an eval
+// costs the same.
+using RoutingOverride = std::function<void(RoutingRecord&)>;
 
 class Session {
 public:
@@ -30,22 +52,31 @@ public:
     Session(const Deepseek2Model& model, mgl::backend& backend, const SessionParams& params);
     // A session that takes a new sequence in a cache shared with other sessions (its pages then
     // interleave with theirs); the cache must outlive the session.
-    Session(const Deepseek2Model& model, mgl::backend& backend, LatentKvCache& shared_cache);
+    Session(const Deepseek2Model& model, mgl::backend& backend, LatentKvCache& shared_cache,
+            const SessionParams& params = {});
     ~Session();
     Session(const Session&) = delete;
     Session& operator=(const Session&) = delete;
 
-    // Appends `tokens` after the cached ones in one graph and returns their logits:
-    // [tokens.size(), vocab] row-major with all_logits, else the last position's [vocab].
-    // Throws mgl::error when the context would overflow (callers check first).
+    // Appends `tokens` after the cached ones and returns their logits: [tokens.size(), vocab]
+    // row-major with all_logits, else the last position's [vocab]. Throws mgl::error when the
+    // context would overflow (callers check first).
     // With `observe`, every named intermediate is kept alive (the arena does not reuse it) and
-    // handed to the observer: slower, for dumping a run layer by layer.
+    // handed to the observer: slower (one graph for all tokens, never the decode graph), for
+    // dumping a run layer by layer.
     std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false,
                             const TensorObserver* observe = nullptr);
     // Forgets everything after the first n tokens (the cache keeps the prefix).
     void truncate(int64_t n);
     // Length of the common prefix of `tokens` and the history.
     int64_t common_prefix(std::span<const int32_t> tokens) const;
+
+    void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
+    // Changing whether an override is set re-records the decode graph.
+    void set_routing_override(RoutingOverride f);
+    // Decode steps go through the recorded graph (default). false records a fresh graph for
+    // every token: the independent path tests compare the replayed one against.
+    void set_decode_graph(bool on) { use_decode_graph_ = on; }
 
     const std::vector<int32_t>& tokens() const { return history_; }
     int64_t n_past() const { return int64_t(history_.size()); }
@@ -55,16 +86,36 @@ public:
     const Deepseek2Model& model() const { return model_; }
 
 private:
+    // The graph of one eval and the leaves it reads inputs from.
+    struct StepGraph {
+        mgl::context ctx;
+        mgl::graph graph;
+        ForwardResult out;
+        mgl::tensor* tokens = nullptr;     // [T] i32
+        mgl::tensor* positions = nullptr;  // [T] i32
+        std::vector<mgl::tensor*> routing_ids, routing_weights;
+        mgl::buffer_ptr inputs;       // backend memory: tokens, positions, imposed routing
+        mgl::buffer_ptr host_inputs;  // their staging copy in host memory
+    };
+    std::unique_ptr<StepGraph> record(int64_t T, bool all_logits, bool keep_named);
+    void write_inputs(StepGraph& s, std::span<const int32_t> tokens, int64_t n_past, bool prefill);
+    std::vector<float> run_chunk(std::span<const int32_t> tokens, bool all_logits,
+                                 const TensorObserver* observe);
     void report_tensors(const std::vector<mgl::tensor*>& nodes, const TensorObserver& observe);
+    void report_routing(StepGraph& s, int64_t T, bool prefill);
 
     const Deepseek2Model& model_;
     mgl::backend& backend_;
+    SessionParams params_;
     std::unique_ptr<LatentKvCache> own_cache_;
     LatentKvCache* cache_ = nullptr;
     int seq_ = 0;
     std::vector<int32_t> history_;
-    mgl::buffer_ptr inputs_;  // tokens then positions of the current batch
-    size_t inputs_capacity_ = 0;
+    mgl::arena prompt_arena_, decode_arena_;  // separate, so a prompt never invalidates decode
+    std::unique_ptr<StepGraph> decode_;       // recorded on the first decoded token
+    bool use_decode_graph_ = true;
+    RoutingObserver routing_observer_;
+    RoutingOverride routing_override_;
 };
 
 }  // namespace minids

@@ -1,0 +1,14 @@
+// The CUDA backend's entry points in a build without CUDA (see mgl-cuda.h).
+#ifndef MINIDS_HAVE_CUDA
+#include "mgl-cuda.h"
+
+namespace mgl {
+
+bool cuda_available() { return false; }
+cuda_device_info cuda_info(int) { return {}; }
+std::unique_ptr<backend> make_cuda_backend(const cuda_options&) {
+    fail(__FILE__, __LINE__, "this build of minids has no CUDA support");
+}
+
+}  // namespace mgl
+#endif

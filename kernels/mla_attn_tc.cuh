@@ -1,0 +1,412 @@
+// The tensor-core MLA attention kernel (mla.h), a template over its block shape; instantiated by
+// mla_attn_tc_decode.cu and mla_attn_tc_prefill.cu.
+//
+// One block = one tile of ROWS query rows (row = t·H + h) and one split of the keys. Per key tile
+// of KT cache rows (cp.async, STAGES deep; f32 pages are converted to bf16 on the way):
+//   S = Q·Kᵀ    warps (wm, wn): rows of row group wm, keys slice wn      (mma m16n8k16)
+//   online softmax in base 2: row max across the WN warps through shared memory, P (bf16) to
+//               shared memory, each warp keeps its own partial row sums
+//   O += P·V    warps (wm, wn): rows of wm, output dims slice wn (V = the first r columns)
+// Q and K rows are zero-padded to a multiple of 16 columns; rows in shared memory are an odd
+// number of 16-byte units apart, so ldmatrix reads are free of bank conflicts.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda_check.h"
+#include "mla_internal.cuh"
+
+namespace minids::kernels::mla_detail {
+
+// MT m16-tiles per warp, WM x WN warps, KT keys per tile, STAGES tiles in flight, O columns
+// padded to R_PAD (512 for V2 shapes, 64 for small test models).
+template <int MT_, int WM_, int WN_, int KT_, int STAGES_, int R_PAD_>
+struct TcShape {
+    static constexpr int MT = MT_, WM = WM_, WN = WN_, KT = KT_, STAGES = STAGES_, R_PAD = R_PAD_;
+    static constexpr int rows = 16 * MT * WM;
+    static constexpr int warps = WM * WN;
+    static constexpr int threads = 32 * warps;
+    static constexpr int keys_per_warp = KT / WN;
+    static constexpr int s_ntiles = keys_per_warp / 8;
+    static constexpr int dims_per_warp = R_PAD / WN;
+    static constexpr int o_ntiles = dims_per_warp / 8;
+    static constexpr int p_stride = KT + 8;  // bf16 elements; an odd number of 16-byte units
+    static_assert(keys_per_warp % 8 == 0 && KT % 16 == 0, "key tile must split into n8 tiles");
+    static_assert(dims_per_warp % 16 == 0, "output slice must be a multiple of 16 columns");
+    static_assert(STAGES >= 2, "at least double buffering");
+};
+
+// bf16 elements between rows of Q and K in shared memory: >= the padded width and >= R_PAD
+// (P·V reads R_PAD columns), and an odd multiple of 8 elements (16 bytes).
+__host__ __device__ inline int tc_row_stride(int r, int rope, int r_pad) {
+    const int wpad = (r + rope + 15) / 16 * 16;
+    return (wpad > r_pad ? wpad : r_pad) + 8;
+}
+
+template <class S>
+size_t tc_smem_bytes(int r, int rope) {
+    const size_t ks = size_t(tc_row_stride(r, rope, S::R_PAD));
+    return 2 * (size_t(S::rows) * ks + size_t(S::STAGES) * S::KT * ks +
+                size_t(S::rows) * S::p_stride) +
+           4 * (2 * size_t(S::WN) * S::rows + S::rows);
+}
+
+__device__ inline uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ inline void ldsm_x4(uint32_t (&d)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ inline void ldsm_x2(uint32_t (&d)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(d[0]), "=r"(d[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ inline void ldsm_x4_trans(uint32_t (&d)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+// c += a·b, 16x16 (row) x 16x8 (col) bf16, f32 accumulate.
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes global -> shared; src_bytes 0 fills zeros (rows outside the range).
+__device__ inline void cp_async_16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ inline void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Loads KT cache rows starting at key k0 into `dst` (bf16, row stride ks); keys >= k_end or
+// unmapped read as zeros. One warp per row, lanes over 16-byte chunks (coalesced).
+template <class S, typename PageT>
+__device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int ks, int k0,
+                                    int k_end) {
+    const int width = a.r + a.rope;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int per_chunk = 16 / int(sizeof(PageT));  // elements per 16-byte global load
+    const int chunks = width / per_chunk;
+    const PageT* pages = static_cast<const PageT*>(a.pages);
+    for (int kr = warp; kr < S::KT; kr += S::warps) {
+        const int key = k0 + kr;
+        const int64_t row =
+            key < k_end ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key) : -1;
+        const PageT* src = pages + (row < 0 ? 0 : row * width);
+        __nv_bfloat16* d = dst + kr * ks;
+        for (int ch = lane; ch < chunks; ch += 32) {
+            if constexpr (sizeof(PageT) == 2) {
+                cp_async_16(d + ch * per_chunk, src + ch * per_chunk, row < 0 ? 0 : 16);
+            } else {
+                float4 v = row < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                   : __ldg(reinterpret_cast<const float4*>(src) + ch);
+                uint2 packed{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+                *reinterpret_cast<uint2*>(d + ch * per_chunk) = packed;
+            }
+        }
+    }
+}
+
+template <class S, typename PageT>
+__global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnArgs a) {
+    constexpr int ROWS = S::rows, KT = S::KT, WN = S::WN, MT = S::MT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int n_keys_slot;
+    const int ks = tc_row_stride(a.r, a.rope, S::R_PAD);
+    __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* kv_s = q_s + ROWS * ks;
+    __nv_bfloat16* p_s = kv_s + S::STAGES * KT * ks;
+    float* red_max = reinterpret_cast<float*>(p_s + ROWS * S::p_stride);  // [WN][ROWS]
+    float* red_sum = red_max + WN * ROWS;                                 // [WN][ROWS]
+    int* lim_s = reinterpret_cast<int*>(red_sum + WN * ROWS);             // [ROWS]
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = warp / WN, wn = warp % WN;
+    const int g = lane / 4, c4 = lane % 4;
+    const int64_t rows_total = int64_t(a.T) * a.H;
+    const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+    const int split = blockIdx.y;
+
+    const int n_keys = block_n_keys(a, &n_keys_slot);
+    const SplitPlan plan = plan_splits(n_keys, gridDim.y, a.min_keys, KT);
+    if (blockIdx.x == 0 && split == 0 && tid == 0 && a.ws_n_split) *a.ws_n_split = plan.n_split;
+    if (split >= plan.n_split) return;  // idle split: uniform over the block
+    const bool direct = plan.n_split == 1;
+
+    // Row limits and this block's key range; the first tiles' loads go out before Q is read,
+    // so the two latencies overlap.
+    const int width = a.r + a.rope;
+    __shared__ int block_max_limit;
+    if (tid == 0) block_max_limit = -1;
+    __syncthreads();
+    for (int i = tid; i < ROWS; i += S::threads) {
+        lim_s[i] = row_limit(a, row0 + i, n_keys);
+        atomicMax(&block_max_limit, lim_s[i]);
+    }
+    __syncthreads();
+    const int s_begin = split * plan.chunk;
+    const int s_hi = s_begin + plan.chunk;  // keys of this split: [s_begin, s_hi)
+    const int s_end = min(s_hi, block_max_limit + 1);
+    const int n_tiles = s_end > s_begin ? (s_end - s_begin + KT - 1) / KT : 0;
+#pragma unroll
+    for (int st = 0; st < S::STAGES - 1; ++st) {
+        if (st < n_tiles)
+            load_kv_tile<S, PageT>(a, kv_s + st * KT * ks, ks, s_begin + st * KT, s_end);
+        cp_async_commit();
+    }
+
+    // Q as bf16, zero-padded to ks columns; four pairs in flight per thread. The zero padding
+    // columns of every K stage (never written by the loads) are set here too; the main loop's
+    // first barrier publishes both.
+    const int half_ks = ks / 2, n_pairs = ROWS * half_ks;
+    for (int base = tid; base < n_pairs; base += 4 * S::threads) {
+        float2 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = base + j * S::threads;
+            const int i = idx / half_ks, col = 2 * (idx % half_ks);
+            const int64_t row = row0 + i;
+            v[j] = make_float2(0.f, 0.f);
+            if (idx < n_pairs && row < rows_total && col < width) {
+                const int64_t t = row / a.H, h = row % a.H;
+                const float* src = col < a.r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
+                                             : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - a.r);
+                v[j] = make_float2(src[0], src[1]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = base + j * S::threads;
+            if (idx < n_pairs)
+                *reinterpret_cast<uint32_t*>(q_s + (idx / half_ks) * ks + 2 * (idx % half_ks)) =
+                    pack_bf16(v[j].x, v[j].y);
+        }
+    }
+    const int pad_cols = ks - width;
+    for (int idx = tid; idx < S::STAGES * KT * pad_cols; idx += S::threads) {
+        kv_s[(idx / pad_cols) * ks + width + idx % pad_cols] = __float2bfloat16_rn(0.f);
+    }
+
+    int lim[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) lim[mt][hh] = lim_s[(wm * MT + mt) * 16 + g + hh * 8];
+
+    float m_run[MT][2], l_run[MT][2];
+    float o_acc[MT][S::o_ntiles][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            m_run[mt][hh] = -INFINITY;
+            l_run[mt][hh] = 0.f;
+        }
+#pragma unroll
+        for (int n = 0; n < S::o_ntiles; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][n][e] = 0.f;
+    }
+
+    const int k_steps = (width + 15) / 16;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<S::STAGES - 2>();
+        __syncthreads();  // tile's stage is visible; the stage refilled next was read last round
+        {
+            const int nt = tile + S::STAGES - 1;
+            if (nt < n_tiles)
+                load_kv_tile<S, PageT>(a, kv_s + (nt % S::STAGES) * KT * ks, ks, s_begin + nt * KT,
+                                       s_end);
+            cp_async_commit();
+        }
+        const __nv_bfloat16* kv = kv_s + (tile % S::STAGES) * KT * ks;
+        const int tile_k0 = s_begin + tile * KT;
+
+        // S = Q·Kᵀ for this warp's rows and keys slice.
+        float s_acc[MT][S::s_ntiles][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < S::s_ntiles; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s_acc[mt][n][e] = 0.f;
+        const __nv_bfloat16* k_warp = kv + (wn * S::keys_per_warp) * ks;
+#pragma unroll 2
+        for (int kstep = 0; kstep < k_steps; ++kstep) {
+            const int k0 = kstep * 16;
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldsm_x4(af[mt],
+                        q_s + ((wm * MT + mt) * 16 + lane % 16) * ks + k0 + (lane / 16) * 8);
+#pragma unroll
+            for (int n = 0; n + 1 < S::s_ntiles; n += 2) {
+                uint32_t bf[4];
+                ldsm_x4(bf, k_warp + (n * 8 + lane % 8 + (lane / 16) * 8) * ks + k0 +
+                                ((lane / 8) % 2) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
+                    mma_bf16(s_acc[mt][n + 1], af[mt], bf[2], bf[3]);
+                }
+            }
+            if constexpr (S::s_ntiles % 2 == 1) {
+                constexpr int n = S::s_ntiles - 1;
+                uint32_t bf[2];
+                ldsm_x2(bf, k_warp + (n * 8 + lane % 8) * ks + k0 + ((lane / 8) % 2) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
+            }
+        }
+
+        // Scale, mask, row max of this warp's slice.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < S::s_ntiles; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = tile_k0 + wn * S::keys_per_warp + n * 8 + c4 * 2 + e;
+                        float v = s_acc[mt][n][hh * 2 + e] * a.scale_log2;
+                        v = (key <= lim[mt][hh] && key < s_hi) ? v : -INFINITY;
+                        s_acc[mt][n][hh * 2 + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                if (c4 == 0) red_max[wn * ROWS + (wm * MT + mt) * 16 + g + hh * 8] = mx;
+            }
+        }
+        __syncthreads();
+
+        // New running max; P = 2^(s - m) to shared memory (bf16); rescale O and the sums.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int lr = (wm * MT + mt) * 16 + g + hh * 8;
+                float tmax = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < WN; ++j) tmax = fmaxf(tmax, red_max[j * ROWS + lr]);
+                const float m_new = fmaxf(m_run[mt][hh], tmax);
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = exp2f(m_run[mt][hh] - m_use);  // 0 when m_run = -inf
+                m_run[mt][hh] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < S::s_ntiles; ++n) {
+                    const float p0 = exp2f(s_acc[mt][n][hh * 2] - m_use);
+                    const float p1 = exp2f(s_acc[mt][n][hh * 2 + 1] - m_use);
+                    sum += p0 + p1;
+                    *reinterpret_cast<uint32_t*>(p_s + lr * S::p_stride + wn * S::keys_per_warp +
+                                                 n * 8 + c4 * 2) = pack_bf16(p0, p1);
+                }
+                l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
+#pragma unroll
+                for (int n = 0; n < S::o_ntiles; ++n) {
+                    o_acc[mt][n][hh * 2] *= alpha;
+                    o_acc[mt][n][hh * 2 + 1] *= alpha;
+                }
+            }
+        }
+        __syncthreads();
+
+        // O += P·V over this warp's output columns.
+#pragma unroll
+        for (int kk = 0; kk < KT; kk += 16) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldsm_x4(af[mt], p_s + ((wm * MT + mt) * 16 + lane % 16) * S::p_stride + kk +
+                                    (lane / 16) * 8);
+#pragma unroll
+            for (int n = 0; n < S::o_ntiles; n += 2) {
+                uint32_t bf[4];
+                ldsm_x4_trans(bf, kv + (kk + lane % 8 + ((lane / 8) % 2) * 8) * ks +
+                                      wn * S::dims_per_warp + n * 8 + (lane / 16) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(o_acc[mt][n], af[mt], bf[0], bf[1]);
+                    mma_bf16(o_acc[mt][n + 1], af[mt], bf[2], bf[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Row sums across the quad and the WN warps; write o / l (and the split's log2-sum-exp).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float l = l_run[mt][hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (c4 == 0) red_sum[wn * ROWS + (wm * MT + mt) * 16 + g + hh * 8] = l;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int lr = (wm * MT + mt) * 16 + g + hh * 8;
+            const int64_t row = row0 + lr;
+            if (row >= rows_total) continue;
+            float l = 0.f;
+#pragma unroll
+            for (int j = 0; j < WN; ++j) l += red_sum[j * ROWS + lr];
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            float* dst = out_ptr(a, direct, split, row);
+#pragma unroll
+            for (int n = 0; n < S::o_ntiles; ++n) {
+                const int d = wn * S::dims_per_warp + n * 8 + c4 * 2;
+                if (d < a.r) {
+                    dst[d] = o_acc[mt][n][hh * 2] * inv;
+                    dst[d + 1] = o_acc[mt][n][hh * 2 + 1] * inv;
+                }
+            }
+            if (!direct && wn == 0 && c4 == 0)
+                a.ws_lse[int64_t(split) * rows_total + row] =
+                    l > 0.f ? m_run[mt][hh] + log2f(l) : -INFINITY;
+        }
+    }
+}
+
+// Launches one instance on grid (row tiles, max_splits).
+template <class S, typename PageT>
+void launch_tc_instance(const AttnArgs& a, int max_splits, cudaStream_t stream) {
+    const size_t smem = tc_smem_bytes<S>(a.r, a.rope);
+    auto kernel = mla_attn_tc_kernel<S, PageT>;
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int64_t rows = int64_t(a.T) * a.H;
+    dim3 grid(unsigned((rows + S::rows - 1) / S::rows), unsigned(max_splits));
+    kernel<<<grid, S::threads, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace minids::kernels::mla_detail

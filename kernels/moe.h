@@ -1,0 +1,201 @@
+// MoE on the GPU: routing (softmax, top-k, weights) and the routed experts (+ shared expert,
+// + residual), for decode (a few tokens) and prefill (hundreds of tokens).
+//
+// The math (DESIGN.md "MoE", mgl.h, ggml-like/cpu/ops_moe.cpp are the reference):
+//   probs = softmax(logits)                                    [T, E] f32
+//   ids   = top-k of probs: higher probability first, ties -> lower id. group_limited_greedy:
+//           experts split into n_group equal groups scored by their max; the topk_group best
+//           groups (ties -> lower group id) are kept and the top-k is taken among their experts.
+//   w     = s / Σ s           when norm_topk_prob and k > 1   (s = probs of the chosen ids)
+//         = s · routed_scaling_factor otherwise
+//   out[t] = residual[t] + Σ_j w[t,j] · Expert_{ids[t,j]}(x[t]) + Shared(x[t])
+//   Expert(x) = down · (silu(gate · x) ⊙ (up · x)), gate/up [n_ff, n_embd], down [n_embd, n_ff]
+//   (linear weights stored [out, in] as in the checkpoint; f8_e4m3 rows carry one f32 scale each:
+//   W_real[n, :] = e4m3(W[n, :]) · scale[n]).
+//
+// Where the experts are: the .mds file stores each expert as one blob (gate, up, down and the
+// three scales at fixed byte offsets, the same for every expert; src/mds/format.h). The kernels
+// take a device-resident table of blob base addresses, `expert_table[E]` (int64 device
+// addresses: GPU memory, a GPU expert-cache slot, or a registered host mapping read zero-copy),
+// plus an ExpertLayout with the offsets. The host never learns the routing: ids and weights are
+// read by the kernels from device memory, and nothing here allocates, synchronizes or reads
+// device values on the host, so every launcher can be captured into a CUDA graph. Workspaces are
+// caller-provided (the *_workspace_bytes functions say how much).
+//
+// Worked example (one decode step of one MoE layer, everything already on the device):
+//
+//     using namespace minids::kernels;
+//     MoeRoutingParams r;                       // logits [1, 64] from the router matvec
+//     r.logits = d_logits;  r.ids = d_ids;  r.weights = d_w;
+//     r.n_tokens = 1;  r.n_experts = 64;  r.route.k = 6;
+//     moe_route(r, stream);                     // softmax + top-6 + weights, one launch
+//     MoeExpertsParams e;
+//     e.expert_table = d_table;  e.n_experts = 64;  e.layout = layout;   // from the .mds
+//     e.ids = d_ids;  e.weights = d_w;  e.k = 6;
+//     e.x = d_x;  e.out = d_h;  e.residual = d_h;  e.n_tokens = 1;      // in-place residual add
+//     e.shared = {mgl::dtype::bf16, d_sh_gate, d_sh_up, d_sh_down, 2816};
+//     size_t ws = moe_experts_workspace_bytes(e);                        // once, at plan time
+//     moe_experts(e, d_workspace, ws, stream);  // decode path: two launches
+//
+// Errors: every launcher checks its parameters on the host and throws mgl::error with a clear
+// message; launch failures are CUDA_CHECKed. What cannot be checked on the host (the ids are
+// device data): an expert id outside [0, E) contributes nothing (its weights are never read).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mgl.h"
+
+namespace minids::kernels {
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+// ---------------------------------------------------------------------------------------------
+
+// Shared by the three routing launchers; each says which fields it reads and writes.
+// Limits: 1 <= n_experts <= 1024, 1 <= k <= n_experts, group-limited: n_group <= 32 and
+// mgl's rules (n_experts % n_group == 0, topk_group <= n_group, k <= topk_group · group size).
+struct MoeRoutingParams {
+    const float* logits = nullptr;  // moe_route input: [T, E], row stride `in_stride`
+    const float* probs = nullptr;   // moe_topk / moe_weights input: [T, E], row stride `in_stride`
+    int64_t in_stride = 0;          // elements between rows of logits / probs (0 = n_experts)
+    float* probs_out = nullptr;     // moe_route output (optional): [T, E] contiguous
+    int32_t* ids = nullptr;         // [T, k] contiguous: moe_topk / moe_route output,
+                                    // moe_weights input
+    float* weights = nullptr;       // [T, k] contiguous: moe_weights / moe_route output
+    int64_t n_tokens = 0;           // T
+    int64_t n_experts = 0;          // E
+    mgl::moe_route_params route;    // k, method, n_group, topk_group, norm_topk_prob, scaling
+};
+
+// probs -> ids. Identical ids to mgl's CPU moe_topk on the same probs, ties included.
+void moe_topk(const MoeRoutingParams& p, cudaStream_t stream);
+// probs, ids -> weights. Bit-identical to mgl's CPU moe_weights (same f32/f64 arithmetic).
+void moe_weights(const MoeRoutingParams& p, cudaStream_t stream);
+// logits -> softmax probs (written to probs_out when given), ids and weights, in one launch.
+// The ids and weights equal moe_topk / moe_weights applied to these probs; the probs match the
+// CPU softmax to rounding (expf may differ from the host's by an ulp).
+void moe_route(const MoeRoutingParams& p, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts (+ shared expert, + residual)
+// ---------------------------------------------------------------------------------------------
+
+// Byte offsets of the parts of one expert blob (the same for every expert), as in the .mds
+// manifest's "experts.layout" (mds::ExpertTable). Build it once per model.
+struct ExpertLayout {
+    mgl::dtype type = mgl::dtype::f8_e4m3;  // f32, bf16 or f8_e4m3
+    int64_t n_embd = 0;                     // D
+    int64_t n_ff = 0;                       // moe_intermediate_size
+    int64_t gate_offset = 0;                // [n_ff, D]
+    int64_t up_offset = 0;                  // [n_ff, D]
+    int64_t down_offset = 0;                // [D, n_ff]
+    int64_t gate_scale_offset = -1;         // f32 [n_ff]; f8_e4m3 only (-1 otherwise)
+    int64_t up_scale_offset = -1;           // f32 [n_ff]
+    int64_t down_scale_offset = -1;         // f32 [D]
+};
+
+// A dense SwiGLU MLP applied to every token (DeepSeek's shared experts, n_shared_experts of them
+// fused into one of intermediate size n_ff = moe_intermediate_size · n_shared_experts).
+// Absent when gate is null.
+struct SharedExpertWeights {
+    mgl::dtype type = mgl::dtype::bf16;  // bf16 or f32
+    const void* gate = nullptr;          // [n_ff, D]
+    const void* up = nullptr;            // [n_ff, D]
+    const void* down = nullptr;          // [D, n_ff]
+    int64_t n_ff = 0;
+};
+
+enum class MoePath : uint8_t {
+    automatic,  // decode when n_tokens <= decode_max_tokens, grouped otherwise
+    decode,     // fused: two launches, each (token, expert) independently (any T; meant for few)
+    grouped,    // tokens sorted by expert on the device, then grouped GEMMs
+};
+
+// How the decode kernels turn FP8 into FP32 (both exact; which is faster is measured by
+// scripts/bench_moe_cuda.cpp).
+enum class Fp8Convert : uint8_t {
+    hardware,  // cvt.rn.f16x2.e4m3x2, then f16 -> f32
+    bit_ops,   // byte permute + shifts to bf16 patterns (scaled by 2^-120, folded back exactly)
+};
+
+// Tuning of the decode path (defaults are the measured best; see docs/perf.md).
+struct MoeDecodeConfig {
+    int gate_up_warps = 8;  // warps per block of launch 1 (one gate/up row pair per warp), 1..16
+    int down_warps = 8;     // warps per block of launch 2, 1..16
+    int down_warps_per_row = 2;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
+    int unroll = 4;              // 16-byte loads in flight per lane and row: 2, 4 or 8
+    Fp8Convert fp8_convert = Fp8Convert::hardware;
+};
+
+// Tuning of the grouped (prefill) path.
+struct MoeGroupedConfig {
+    // Tensor cores (mma.sync m16n8k16 BF16, FP32 accumulate; x and the SwiGLU activations rounded
+    // to BF16, FP8 weights widened to BF16 exactly, row scales applied on the output) where the
+    // shapes allow: n_embd, n_ff and the shared n_ff multiples of 16, every part 16-byte aligned,
+    // x rows 16-byte aligned. Otherwise, or when false: simple FP32 SIMT kernels (exact weights,
+    // FP32 activations), slow, the reference for debugging.
+    bool tensor_cores = true;
+    int tile_m = 64;  // sorted rows per GEMM tile: 32, 64 or 128
+};
+
+struct MoeExpertsParams {
+    // Routed experts: expert_table[e] is the device address of expert e's blob (16-byte aligned;
+    // .mds blobs are 4096-aligned). Blobs may lie anywhere, in any order.
+    const int64_t* expert_table = nullptr;  // [n_experts], device memory
+    int64_t n_experts = 0;
+    ExpertLayout layout;
+
+    // Routing, device memory: ids [T, k] i32 and weights [T, k] f32, contiguous.
+    const int32_t* ids = nullptr;
+    const float* weights = nullptr;
+    int k = 0;
+
+    // Tokens. out may alias x or residual (in-place residual add).
+    const float* x = nullptr;  // [T, D], row stride x_stride (0 = D)
+    int64_t x_stride = 0;
+    float* out = nullptr;  // [T, D], row stride out_stride (0 = D)
+    int64_t out_stride = 0;
+    const float* residual = nullptr;  // optional [T, D], row stride residual_stride (0 = D)
+    int64_t residual_stride = 0;
+    int64_t n_tokens = 0;
+
+    SharedExpertWeights shared;  // optional
+
+    MoePath path = MoePath::automatic;
+    int64_t decode_max_tokens = 8;
+    MoeDecodeConfig decode;
+    MoeGroupedConfig grouped;
+};
+
+// Device workspace moe_experts needs for these parameters (path resolved as moe_experts will).
+// Decode: T · (k · n_ff + shared n_ff) floats. Grouped: the sort (≈ 8 · T · k bytes), the
+// activations and per-(token, expert) outputs, T · k · (n_ff + D) floats, plus T · (shared n_ff
+// + D) floats with a shared expert.
+size_t moe_experts_workspace_bytes(const MoeExpertsParams& p);
+
+// out = residual + Σ_j w_j · Expert_{id_j}(x) + Shared(x), on `stream`, without allocating or
+// synchronizing. `workspace` is device memory of at least moe_experts_workspace_bytes(p),
+// 256-byte aligned. Deterministic: the same inputs give the same bits (fixed summation orders,
+// no atomics in any sum).
+//
+// Decode path (two launches): launch 1 computes silu(gate·x) ⊙ (up·x) for every (token, selected
+// expert) and the shared expert into the workspace, one warp per row pair with 16-byte loads;
+// launch 2 computes each output row as the weighted sum over the token's k experts (fixed order)
+// plus the shared expert plus the residual. FP32 accumulation throughout.
+// Grouped path: a one-block counting sort of the (token, expert) pairs by expert (stable: token
+// order inside an expert), grouped gate/up GEMM with the SwiGLU fused into its epilogue, grouped
+// down GEMM, the same two GEMMs (dense) for the shared expert, then a combine that adds the
+// weighted expert outputs in j order, the shared output and the residual.
+void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream);
+
+// Which path moe_experts takes for these parameters (for logging and tests).
+MoePath moe_resolved_path(const MoeExpertsParams& p);
+// Whether the grouped path would run on tensor cores for these parameters.
+bool moe_grouped_uses_tensor_cores(const MoeExpertsParams& p);
+
+}  // namespace minids::kernels

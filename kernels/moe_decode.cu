@@ -1,0 +1,472 @@
+// Fused MoE decode: every selected expert of every token, the shared expert and the residual in
+// two launches, reading ids, weights and the expert table from device memory.
+//
+// Launch 1 (gate/up): block = (token, job, rows); job j < k is the token's j-th routed expert,
+// j == k the shared expert. The token's x is staged in shared memory; each warp computes one row
+// pair g = gate[f]·x, u = up[f]·x with U independent 16-byte loads per lane in flight and writes
+// silu(g)·u to the workspace, laid out for launch 2's reads.
+// Launch 2 (down): block = (token, output rows); the token's activations (k routed segments and
+// the shared one) are staged in shared memory; P warps share an output row d, each summing a
+// contiguous part of the concatenated row [down_0[d,:] | ... | down_{k-1}[d,:] | shared[d,:]]
+// with each routed segment weighted by w_j · scale_j[d]; the P partials are added in order, then
+// the residual. Fixed orders everywhere: the result does not depend on timing.
+//
+// Weight rows that are whole 16-byte chunks (every real model) take the vectorized kernels
+// (VEC); other shapes take the same kernels reading one element at a time.
+#include <string>
+
+#include "moe_common.cuh"
+
+namespace minids::kernels::moe_detail {
+namespace {
+
+constexpr int max_decode_k = 32;  // launch 2 hands the per-expert coefficients around by shuffle
+
+struct DecodeArgs {
+    const int64_t* table;
+    int64_t n_experts;
+    mgl::dtype rtype;
+    int64_t D, n_ff;
+    int64_t off_gate, off_up, off_down, off_gate_scale, off_up_scale, off_down_scale;
+    const int32_t* ids;
+    const float* weights;
+    int k;
+    const float* x;
+    int64_t x_stride;
+    float* out;
+    int64_t out_stride;
+    const float* residual;
+    int64_t residual_stride;
+    int64_t T;
+    bool has_shared;
+    mgl::dtype stype;
+    const uint8_t* sh_gate;
+    const uint8_t* sh_up;
+    const uint8_t* sh_down;
+    int64_t sh_n_ff;
+    float* act;          // workspace [T, act_row]
+    int64_t act_row;     // floats per token: k · seg_r + seg_s
+    int64_t seg_r;       // floats per routed segment
+    int jobs_per_token;  // k (+1 with a shared expert)
+    int warps_per_row;   // launch 2: P
+};
+
+__host__ __device__ constexpr int chunk_elems(mgl::dtype t) {
+    return t == mgl::dtype::f32 ? 4 : t == mgl::dtype::bf16 ? 8 : 16;
+}
+
+// ---- launch 1 ----
+
+// One warp's row pair f of gate/up (when f < rows), for a block of one job. The first U chunks
+// of both rows are requested before the block stages x and waits at the barrier, so the x
+// staging hides behind the weights' latency.
+template <mgl::dtype DT, bool VEC, int U, Fp8Convert CVT>
+__device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gate,
+                              const uint8_t* up, const float* gate_scale, const float* up_scale,
+                              int64_t f, bool active, float* act_out, float* xs) {
+    const int lane = threadIdx.x % 32;
+    constexpr int64_t eb = elem_bytes<DT>();
+    constexpr int epc = 16 / int(eb);
+    const int64_t D = a.D;
+    const int64_t nch = VEC ? D / epc : D;
+    const uint8_t* rg = gate + f * D * eb;
+    const uint8_t* ru = up + f * D * eb;
+    uint4 wg[U], wu[U];
+    auto load = [&](int64_t c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t c = c0 + lane + 32 * u;
+            wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
+            if (c < nch) {
+                wg[u] = load_weights16(rg + c * 16);
+                wu[u] = load_weights16(ru + c * 16);
+            }
+        }
+    };
+    if constexpr (VEC) {
+        if (active) load(0);
+    }
+    constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && DT == mgl::dtype::f8_e4m3;
+    const float pre = bits ? fp8_bits_x_scale : 1.0f;
+    const float* x = a.x + t * a.x_stride;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        xs[stage_index(i, epc, nch, VEC)] = x[i] * pre;
+    __syncthreads();
+    if (!active) return;
+
+    float ag = 0.0f, au = 0.0f;
+    if constexpr (VEC) {
+        const float4* xs4 = reinterpret_cast<const float4*>(xs);
+        for (int64_t c0 = 0;;) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int64_t c = c0 + lane + 32 * u;
+                if (c < nch) {
+                    ag = dot_chunk<DT, CVT>(wg[u], xs4 + c, nch, ag);
+                    au = dot_chunk<DT, CVT>(wu[u], xs4 + c, nch, au);
+                }
+            }
+            c0 += 32 * U;
+            if (c0 >= nch) break;
+            load(c0);
+        }
+    } else {
+        for (int64_t i = lane; i < D; i += 32) {
+            ag = fmaf(load_weight<DT>(rg, i), xs[i], ag);
+            au = fmaf(load_weight<DT>(ru, i), xs[i], au);
+        }
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) {
+        const float post = bits ? fp8_bits_x_scale : 1.0f;
+        const float g = ag * post * (gate_scale ? gate_scale[f] : 1.0f);
+        const float u = au * post * (up_scale ? up_scale[f] : 1.0f);
+        *act_out = silu_mul(g, u);
+    }
+}
+
+constexpr int max_decode_threads = 16 * 32;
+
+template <bool VEC, int U, Fp8Convert CVT>
+__global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    const int64_t t = blockIdx.x / a.jobs_per_token;
+    const int j = int(blockIdx.x % a.jobs_per_token);
+    const bool shared = j == a.k;
+    const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
+    const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
+    const int64_t row0 = int64_t(blockIdx.y) * warps;
+    if (row0 >= rows) return;
+
+    const mgl::dtype dt = shared ? a.stype : a.rtype;
+    const uint8_t *gate = a.sh_gate, *up = a.sh_up;
+    const float *gate_scale = nullptr, *up_scale = nullptr;
+    bool skip = false;
+    if (!shared) {
+        const int32_t id = a.ids[t * a.k + j];
+        skip = id < 0 || id >= a.n_experts;
+        if (!skip) {
+            const uint8_t* base = reinterpret_cast<const uint8_t*>(a.table[id]);
+            gate = base + a.off_gate;
+            up = base + a.off_up;
+            if (dt == mgl::dtype::f8_e4m3) {
+                gate_scale = reinterpret_cast<const float*>(base + a.off_gate_scale);
+                up_scale = reinterpret_cast<const float*>(base + a.off_up_scale);
+            }
+        }
+    }
+    // The activations are written where launch 2 reads them: in the chunk order of the down
+    // projection, whose rows are n_ff long.
+    float* act = a.act + t * a.act_row + (shared ? int64_t(a.k) * a.seg_r : j * a.seg_r);
+    const int down_epc = chunk_elems(dt);
+    const int64_t down_nch = rows / down_epc;
+    const int64_t f = row0 + warp;
+    const bool active = f < rows;
+    float* act_out = act + (active ? stage_index(f, down_epc, down_nch, VEC) : 0);
+    if (skip) {  // an id outside [0, E): contributes nothing
+        if (active && threadIdx.x % 32 == 0) *act_out = 0.0f;
+        return;
+    }
+    switch (dt) {
+        case mgl::dtype::f32:
+            gate_up_block<mgl::dtype::f32, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                        active, act_out, xs);
+            break;
+        case mgl::dtype::bf16:
+            gate_up_block<mgl::dtype::bf16, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                         active, act_out, xs);
+            break;
+        default:
+            gate_up_block<mgl::dtype::f8_e4m3, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
+                                                            active, act_out, xs);
+            break;
+    }
+}
+
+// ---- launch 2 ----
+
+// Segment (routed expert slot) of flattened chunk i, for i in [0, k · nch): i / nch without an
+// integer division (exact for i < 2^22 after the correction).
+__device__ __forceinline__ int segment_of(int64_t i, int64_t nch, float inv_nch, int k) {
+    int j = int(float(i) * inv_nch);
+    if (int64_t(j) * nch > i) --j;
+    if (int64_t(j + 1) * nch <= i) ++j;
+    return min(max(j, 0), k - 1);
+}
+
+// Output row d (when valid) for one warp: chunks [b, e) of the concatenated row
+// [down_0[d,:] | ... | down_{k-1}[d,:] | shared_down[d,:]] (routed chunks first, `routed` of
+// them, RDT; then the shared ones, SDT). Lane j < k holds expert slot j's down matrix (`seg_ptr`,
+// null for a skipped id) and coefficient (w_j · scale_j[d]); chunks get them by shuffle. The first
+// U chunks are requested before the block stages the activations and waits at the barrier.
+template <mgl::dtype RDT, mgl::dtype SDT, bool VEC, int U, Fp8Convert CVT>
+__device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float coef, int64_t d,
+                            bool valid, int64_t routed, int64_t b, int64_t e, float* act_s) {
+    const int lane = threadIdx.x % 32;
+    constexpr int64_t reb = elem_bytes<RDT>(), seb = elem_bytes<SDT>();
+    const int64_t r_row_bytes = a.n_ff * reb;
+    const int64_t nch_r = VEC ? r_row_bytes / 16 : a.n_ff;
+    const int64_t nch_s = VEC ? a.sh_n_ff * seb / 16 : a.sh_n_ff;
+    const float inv_nch = 1.0f / float(nch_r);
+    const uint8_t* sh_row = a.has_shared ? a.sh_down + d * a.sh_n_ff * seb : nullptr;
+    uint4 w[U];
+    float ws[U];
+    int seg[U];
+    int64_t ch[U];
+    auto load = [&](int64_t base) {  // warp-uniform (shuffles)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t i = base + lane + 32 * u;
+            seg[u] = segment_of(i, nch_r, inv_nch, a.k);
+            const uint8_t* p = reinterpret_cast<const uint8_t*>(
+                __shfl_sync(full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg[u]));
+            const bool is_routed = i < routed;
+            ch[u] = is_routed ? i - int64_t(seg[u]) * nch_r : i - routed;
+            w[u] = make_uint4(0, 0, 0, 0);
+            ws[u] = 0.0f;
+            if (i < e && (!is_routed || p)) {
+                if constexpr (VEC) {
+                    w[u] = load_weights16(is_routed ? p + d * r_row_bytes + ch[u] * 16
+                                                    : sh_row + ch[u] * 16);
+                } else {
+                    ws[u] = is_routed ? load_weight<RDT>(p + d * r_row_bytes, ch[u])
+                                      : load_weight<SDT>(sh_row, ch[u]);
+                }
+            }
+        }
+    };
+    if (valid && b < e) load(b);
+
+    const float4* act4 = reinterpret_cast<const float4*>(a.act + blockIdx.x * a.act_row);
+    const int64_t routed4 = int64_t(a.k) * a.seg_r / 4;
+    constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && RDT == mgl::dtype::f8_e4m3;
+    float4* act_s4 = reinterpret_cast<float4*>(act_s);
+    for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x) {
+        float4 v = act4[i];
+        if (bits && i < routed4) {
+            v.x *= fp8_bits_x_scale;
+            v.y *= fp8_bits_x_scale;
+            v.z *= fp8_bits_x_scale;
+            v.w *= fp8_bits_x_scale;
+        }
+        act_s4[i] = v;
+    }
+    __syncthreads();
+    float acc = 0.0f;
+    if (!valid) return acc;
+    const float* act_sh = act_s + int64_t(a.k) * a.seg_r;
+    for (int64_t base = b; base < e;) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t i = base + lane + 32 * u;
+            const float c = __shfl_sync(full_mask, coef, seg[u]);
+            if (i >= e) continue;
+            if (i < routed) {
+                const float* xs = act_s + seg[u] * a.seg_r;
+                if constexpr (VEC) {
+                    const float dot = dot_chunk<RDT, CVT>(
+                        w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch_r, 0.0f);
+                    acc = fmaf(c, dot, acc);
+                } else {
+                    acc = fmaf(c, ws[u] * xs[ch[u]], acc);
+                }
+            } else {
+                if constexpr (VEC) {
+                    acc = dot_chunk<SDT, Fp8Convert::hardware>(
+                        w[u], reinterpret_cast<const float4*>(act_sh) + ch[u], nch_s, acc);
+                } else {
+                    acc = fmaf(ws[u], act_sh[ch[u]], acc);
+                }
+            }
+        }
+        base += 32 * U;
+        if (base < e) load(base);
+    }
+    return acc;
+}
+
+template <mgl::dtype RDT, bool VEC, int U, Fp8Convert CVT>
+__device__ float down_block_shared_dtype(const DecodeArgs& a, const uint8_t* seg_ptr, float coef,
+                                         int64_t d, bool valid, int64_t routed, int64_t b,
+                                         int64_t e, float* act_s) {
+    if (a.stype == mgl::dtype::f32)
+        return down_block<RDT, mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b,
+                                                             e, act_s);
+    return down_block<RDT, mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b, e,
+                                                          act_s);
+}
+
+template <bool VEC, int U, Fp8Convert CVT>
+__global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeArgs a) {
+    extern __shared__ float4 smem4[];
+    float* act_s = reinterpret_cast<float*>(smem4);
+    const int64_t t = blockIdx.x;
+    const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
+    const int P = a.warps_per_row, rows_per_block = warps / P;
+    float* partial = act_s + a.act_row;  // [rows_per_block, P]
+    const int64_t row0 = int64_t(blockIdx.y) * rows_per_block;
+    const int r = warp % rows_per_block, part = warp / rows_per_block;
+    const int64_t d = row0 + r;
+    const bool valid = d < a.D;
+    const bool fp8 = a.rtype == mgl::dtype::f8_e4m3;
+
+    // Lane j < k: expert slot j's down matrix and coefficient for row d.
+    const uint8_t* seg_ptr = nullptr;
+    float coef = 0.0f;
+    if (lane < a.k && valid) {
+        const int32_t id = a.ids[t * a.k + lane];
+        if (id >= 0 && id < a.n_experts) {
+            const uint8_t* base = reinterpret_cast<const uint8_t*>(a.table[id]);
+            seg_ptr = base + a.off_down;
+            const float scale =
+                fp8 ? reinterpret_cast<const float*>(base + a.off_down_scale)[d] : 1.0f;
+            const bool bits = VEC && CVT == Fp8Convert::bit_ops && fp8;
+            coef = a.weights[t * a.k + lane] * scale * (bits ? fp8_bits_x_scale : 1.0f);
+        }
+    }
+    const int64_t nch_r = VEC ? a.n_ff / chunk_elems(a.rtype) : a.n_ff;
+    const int64_t nch_s = a.has_shared ? (VEC ? a.sh_n_ff / chunk_elems(a.stype) : a.sh_n_ff) : 0;
+    const int64_t routed = int64_t(a.k) * nch_r, total = routed + nch_s;
+    const int64_t b = total * part / P, e = total * (part + 1) / P;
+    float acc;
+    switch (a.rtype) {
+        case mgl::dtype::f32:
+            acc = down_block_shared_dtype<mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
+                                                                        routed, b, e, act_s);
+            break;
+        case mgl::dtype::bf16:
+            acc = down_block_shared_dtype<mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
+                                                                         routed, b, e, act_s);
+            break;
+        default:
+            acc = down_block_shared_dtype<mgl::dtype::f8_e4m3, VEC, U, CVT>(
+                a, seg_ptr, coef, d, valid, routed, b, e, act_s);
+            break;
+    }
+    if (valid) {
+        acc = warp_sum(acc);
+        if (lane == 0) partial[r * P + part] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows_per_block) {
+        const int64_t dd = row0 + threadIdx.x;
+        if (dd < a.D) {
+            float s = 0.0f;
+            for (int q = 0; q < P; ++q) s += partial[threadIdx.x * P + q];
+            const float res = a.residual ? a.residual[t * a.residual_stride + dd] : 0.0f;
+            a.out[t * a.out_stride + dd] = res + s;
+        }
+    }
+}
+
+template <bool VEC, int U, Fp8Convert CVT>
+void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, cudaStream_t stream) {
+    const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
+    {
+        const int warps = cfg.gate_up_warps;
+        const dim3 grid(unsigned(a.T * a.jobs_per_token), unsigned((max_rows + warps - 1) / warps));
+        const size_t smem = size_t(a.D) * sizeof(float);
+        auto kernel = decode_gate_up_kernel<VEC, U, CVT>;
+        allow_dynamic_smem(kernel, smem);
+        kernel<<<grid, unsigned(warps * 32), smem, stream>>>(a);
+        CUDA_CHECK_LAUNCH();
+    }
+    {
+        const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row;
+        const dim3 grid(unsigned(a.T), unsigned((a.D + rows - 1) / rows));
+        const size_t smem = size_t(a.act_row + warps) * sizeof(float);
+        auto kernel = decode_down_kernel<VEC, U, CVT>;
+        allow_dynamic_smem(kernel, smem);
+        kernel<<<grid, unsigned(warps * 32), smem, stream>>>(a);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+int64_t seg_floats(int64_t n_ff) { return round_up(n_ff, 4); }
+
+int64_t act_row_floats(const MoeExpertsParams& p) {
+    return int64_t(p.k) * seg_floats(p.layout.n_ff) +
+           (has_shared(p) ? seg_floats(p.shared.n_ff) : 0);
+}
+
+}  // namespace
+
+size_t decode_workspace_bytes(const MoeExpertsParams& p) {
+    return size_t(p.n_tokens) * size_t(act_row_floats(p)) * sizeof(float);
+}
+
+void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream) {
+    const auto& c = p.decode;
+    if (p.k > max_decode_k)
+        moe_fail("moe_experts (decode): k = " + std::to_string(p.k) + " (at most 32)");
+    if (c.gate_up_warps < 1 || c.gate_up_warps > 16 || c.down_warps < 1 || c.down_warps > 16 ||
+        c.down_warps_per_row < 1 || c.down_warps % c.down_warps_per_row != 0 ||
+        !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8))
+        moe_fail("moe_experts (decode): bad config: gate_up_warps " +
+                 std::to_string(c.gate_up_warps) + ", down_warps " + std::to_string(c.down_warps) +
+                 ", down_warps_per_row " + std::to_string(c.down_warps_per_row) + ", unroll " +
+                 std::to_string(c.unroll) +
+                 " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8)");
+    const size_t need = decode_workspace_bytes(p);
+    if (ws_bytes < need || (need && !ws))
+        moe_fail("moe_experts (decode): workspace of " + std::to_string(ws_bytes) +
+                 " bytes, needs " + std::to_string(need));
+    const int64_t D = p.layout.n_embd;
+    const int64_t act_row = act_row_floats(p);
+    if (size_t(D) * 4 > 48 * 1024 || size_t(act_row + c.down_warps) * 4 > max_smem_per_block)
+        moe_fail("moe_experts (decode): n_embd " + std::to_string(D) + " or k · n_ff + shared " +
+                 std::to_string(act_row) + " too large for shared memory");
+    if (p.n_tokens == 0) return;
+
+    DecodeArgs a{};
+    a.table = p.expert_table;
+    a.n_experts = p.n_experts;
+    a.rtype = p.layout.type;
+    a.D = D;
+    a.n_ff = p.layout.n_ff;
+    a.off_gate = p.layout.gate_offset;
+    a.off_up = p.layout.up_offset;
+    a.off_down = p.layout.down_offset;
+    a.off_gate_scale = p.layout.gate_scale_offset;
+    a.off_up_scale = p.layout.up_scale_offset;
+    a.off_down_scale = p.layout.down_scale_offset;
+    a.ids = p.ids;
+    a.weights = p.weights;
+    a.k = p.k;
+    a.x = p.x;
+    a.x_stride = p.x_stride ? p.x_stride : D;
+    a.out = p.out;
+    a.out_stride = p.out_stride ? p.out_stride : D;
+    a.residual = p.residual;
+    a.residual_stride = p.residual_stride ? p.residual_stride : D;
+    a.T = p.n_tokens;
+    a.has_shared = has_shared(p);
+    a.stype = a.has_shared ? p.shared.type : mgl::dtype::bf16;
+    a.sh_gate = static_cast<const uint8_t*>(p.shared.gate);
+    a.sh_up = static_cast<const uint8_t*>(p.shared.up);
+    a.sh_down = static_cast<const uint8_t*>(p.shared.down);
+    a.sh_n_ff = a.has_shared ? p.shared.n_ff : 0;
+    a.act = static_cast<float*>(ws);
+    a.act_row = act_row;
+    a.seg_r = seg_floats(p.layout.n_ff);
+    a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
+    a.warps_per_row = c.down_warps_per_row;
+
+    const bool bits = c.fp8_convert == Fp8Convert::bit_ops;
+    if (!weights_vec_aligned(p)) {
+        launch_decode<false, 4, Fp8Convert::hardware>(a, c, stream);
+    } else if (c.unroll == 2) {
+        bits ? launch_decode<true, 2, Fp8Convert::bit_ops>(a, c, stream)
+             : launch_decode<true, 2, Fp8Convert::hardware>(a, c, stream);
+    } else if (c.unroll == 4) {
+        bits ? launch_decode<true, 4, Fp8Convert::bit_ops>(a, c, stream)
+             : launch_decode<true, 4, Fp8Convert::hardware>(a, c, stream);
+    } else {
+        bits ? launch_decode<true, 8, Fp8Convert::bit_ops>(a, c, stream)
+             : launch_decode<true, 8, Fp8Convert::hardware>(a, c, stream);
+    }
+}
+
+}  // namespace minids::kernels::moe_detail

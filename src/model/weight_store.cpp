@@ -1,0 +1,137 @@
+#include "model/weight_store.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace minids {
+
+namespace {
+
+constexpr uint64_t kAlign = 256;  // every copied tensor and blob starts 256-byte aligned
+
+uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+uint64_t total(const std::vector<std::span<const uint8_t>>& parts) {
+    uint64_t n = 0;
+    for (const auto& p : parts) n += p.size();
+    return n;
+}
+
+}  // namespace
+
+WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend)
+    : file_(file), backend_(backend) {}
+
+WeightStore::~WeightStore() = default;
+
+bool WeightStore::copies() const { return backend_.compute_memory() != mgl::memory_kind::host; }
+
+void WeightStore::add(mgl::tensor* t, const uint8_t* host, uint64_t nbytes) {
+    MGL_CHECK(nbytes == mgl::nbytes(*t), "weight store: '" + t->name + "' has " +
+                                             std::to_string(nbytes) + " bytes for " +
+                                             std::to_string(mgl::nbytes(*t)));
+    // Until place(), and for good on the CPU, the leaf reads the mapping (read-only: mgl never
+    // writes through a leaf weight).
+    t->data = const_cast<uint8_t*>(host);
+    items_.push_back({t, {{host, nbytes}}, 0});
+}
+
+void WeightStore::add_concat(mgl::tensor* t, std::vector<std::span<const uint8_t>> parts) {
+    MGL_CHECK(copies(), "weight store: merged weight '" + t->name + "' needs a copying store");
+    MGL_CHECK(total(parts) == mgl::nbytes(*t), "weight store: parts of '" + t->name +
+                                                   "' do not add up to its " +
+                                                   std::to_string(mgl::nbytes(*t)) + " bytes");
+    items_.push_back({t, std::move(parts), 0});
+}
+
+mgl::tensor* WeightStore::add_expert_table(mgl::context& ctx, int64_t layer,
+                                           std::vector<const uint8_t*> blobs, uint64_t blob_bytes) {
+    mgl::tensor* t = ctx.new_tensor(mgl::dtype::i64, {int64_t(blobs.size())},
+                                    "expert_table-" + std::to_string(layer));
+    tables_.push_back({t, std::move(blobs), blob_bytes});
+    return t;
+}
+
+void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool copy = copies();
+    placement_.copied = copy;
+    placement_.memory = mgl::memory_kind_name(backend_.compute_memory());
+
+    // Expert tables: one buffer of backend memory, n_experts addresses per MoE layer.
+    uint64_t n_entries = 0;
+    for (const Table& tb : tables_) n_entries += tb.blobs.size();
+    std::vector<int64_t> addresses;
+    addresses.reserve(n_entries);
+    placement_.table_bytes = n_entries * sizeof(int64_t);
+    if (n_entries) tables_buf_ = backend_.alloc_buffer(placement_.table_bytes);
+
+    if (!copy) {
+        for (const Item& it : items_) placement_.dense_bytes += total(it.parts);
+        for (const Table& tb : tables_) {
+            for (const uint8_t* b : tb.blobs) addresses.push_back(int64_t(b));
+            placement_.expert_bytes += tb.blobs.size() * tb.blob_bytes;
+        }
+    } else {
+        uint64_t dense = 0, experts = 0;
+        for (Item& it : items_) {
+            it.offset = dense;
+            dense = align_up(dense + total(it.parts), kAlign);
+        }
+        for (const Table& tb : tables_)
+            experts += tb.blobs.size() * align_up(tb.blob_bytes, kAlign);
+        placement_.dense_bytes = dense;
+        placement_.expert_bytes = experts;
+        dense_ = backend_.alloc_buffer(std::max<uint64_t>(dense, 1));
+        if (experts) experts_ = backend_.alloc_buffer(experts);
+
+        // Page-lock the mapping for the copy (read-only); without it the copies still work, from
+        // pageable memory at a fraction of the speed.
+        auto registration = backend_.register_host(file_.map_base(), file_.file_size(), true);
+        placement_.registered = registration != nullptr;
+
+        const uint64_t all = dense + experts;
+        uint64_t done = 0;
+        auto copy_in = [&](uint8_t* dst, const uint8_t* src, uint64_t n) {
+            constexpr uint64_t chunk = 256ull << 20;  // progress granularity
+            for (uint64_t o = 0; o < n; o += chunk) {
+                const uint64_t m = std::min(chunk, n - o);
+                backend_.copy_to_backend(dst + o, src + o, m);
+                done += m;
+                if (progress) progress(done, all);
+            }
+        };
+        auto* dense_base = static_cast<uint8_t*>(dense_->base());
+        for (Item& it : items_) {
+            uint8_t* dst = dense_base + it.offset;
+            for (const auto& part : it.parts) {
+                copy_in(dst, part.data(), part.size());
+                dst += part.size();
+            }
+            mgl::bind(*it.t, *dense_, it.offset);
+        }
+        uint64_t slot = 0;
+        for (const Table& tb : tables_) {
+            for (const uint8_t* b : tb.blobs) {
+                auto* dst = static_cast<uint8_t*>(experts_->base()) + slot;
+                copy_in(dst, b, tb.blob_bytes);
+                addresses.push_back(int64_t(dst));
+                slot += align_up(tb.blob_bytes, kAlign);
+            }
+        }
+        if (progress) progress(all, all);
+    }
+
+    uint64_t at = 0;
+    for (const Table& tb : tables_) {
+        mgl::bind(*tb.t, *tables_buf_, at * sizeof(int64_t));
+        at += tb.blobs.size();
+    }
+    if (n_entries) {
+        backend_.copy_to_backend(tables_buf_->base(), addresses.data(), placement_.table_bytes);
+    }
+    placement_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace minids

@@ -1,0 +1,88 @@
+// Where a model's weights live for the backend that runs it.
+//
+// The model binds every weight to its bytes in the mapped .mds file and registers it here; place()
+// then decides. A backend that computes in host memory (the CPU) reads the mapping itself:
+// nothing is copied. A backend with its own memory (CUDA) gets one copy of everything, made once
+// at load: the dense weights in one buffer, the routed experts' blobs in another, copied from the
+// mapping registered with the device (read-only, so the copies run at PCIe speed; plain pageable
+// copies when registration is refused). Merged weights (rows of several checkpoint tensors
+// stacked, for one matmul instead of several) exist only in copied stores.
+//
+// Each MoE layer gets an expert table, an i64 tensor [n_experts] holding the address of each
+// expert's blob in the backend's memory: that is what moe_experts reads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mds/reader.h"
+#include "mgl.h"
+
+namespace minids {
+
+struct WeightOptions {
+    // Stack the rows of the first query projection and kv_a_proj_with_mqa into one weight when
+    // the weights are copied anyway (one matmul over the shared input instead of two).
+    bool merge_projections = true;
+    // Called while copying: bytes done, bytes in all (only when copying).
+    std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct WeightPlacement {
+    bool copied = false;          // weights copied into backend memory
+    bool registered = false;      // the mapping was registered for the copy
+    uint64_t dense_bytes = 0;     // dense weights (incl. merged copies)
+    uint64_t expert_bytes = 0;    // routed expert blobs
+    uint64_t table_bytes = 0;     // expert tables
+    double seconds = 0.0;         // wall time of place()
+    std::string memory = "host";  // where the backend reads them
+};
+
+class WeightStore {
+public:
+    WeightStore(const mds::MdsFile& file, mgl::backend& backend);
+    ~WeightStore();
+    WeightStore(const WeightStore&) = delete;
+    WeightStore& operator=(const WeightStore&) = delete;
+
+    // True when place() will copy (the backend does not compute in host memory).
+    bool copies() const;
+
+    // A leaf whose data is `host` (nbytes in the mapping) until place() moves it.
+    void add(mgl::tensor* t, const uint8_t* host, uint64_t nbytes);
+    // A leaf made of the concatenation of host byte ranges (only when copies()).
+    void add_concat(mgl::tensor* t, std::vector<std::span<const uint8_t>> parts);
+    // The expert table of one MoE layer, a leaf [blobs.size()] i64 created in ctx; its entries
+    // are the addresses of the blobs after place().
+    mgl::tensor* add_expert_table(mgl::context& ctx, int64_t layer,
+                                  std::vector<const uint8_t*> blobs, uint64_t blob_bytes);
+
+    // Allocates, copies and binds everything added. Call once, after the last add.
+    void place(const std::function<void(uint64_t, uint64_t)>& progress = {});
+    const WeightPlacement& placement() const { return placement_; }
+
+private:
+    struct Item {
+        mgl::tensor* t = nullptr;
+        std::vector<std::span<const uint8_t>> parts;
+        uint64_t offset = 0;  // in the dense buffer
+    };
+    struct Table {
+        mgl::tensor* t = nullptr;
+        std::vector<const uint8_t*> blobs;
+        uint64_t blob_bytes = 0;
+    };
+
+    const mds::MdsFile& file_;
+    mgl::backend& backend_;
+    std::vector<Item> items_;
+    std::vector<Table> tables_;
+    mgl::buffer_ptr dense_, experts_, tables_buf_;
+    WeightPlacement placement_;
+};
+
+}  // namespace minids

@@ -1,0 +1,338 @@
+// CUDA MoE routing kernels (moe_topk, moe_weights, moe_route) against mgl's CPU ops, parameter
+// checks of every MoE launcher, and a routing + experts step replayed as a CUDA graph.
+// The expert kernels themselves are tested in test_kernels_moe_experts.cpp.
+#ifdef MINIDS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moe.h"
+#include "moe_cuda_fixture.h"
+#include "test_mgl_util.h"
+
+using namespace minids;
+using moe_test::DeviceBuffer;
+using moe_test::Rng;
+
+namespace {
+
+const bool no_gpu = !test::cuda_device_available();
+
+std::vector<int32_t> cpu_topk(const std::vector<float>& probs, int64_t T, int64_t E,
+                              const mgl::moe_route_params& p) {
+    mgl_test::harness h;
+    const auto got = h.run(mgl::moe_topk(h.ctx, h.f32({T, E}, probs, "probs"), p));
+    return std::vector<int32_t>(got.begin(), got.end());
+}
+
+std::vector<float> cpu_weights(const std::vector<float>& probs, const std::vector<int32_t>& ids,
+                               int64_t T, int64_t E, const mgl::moe_route_params& p) {
+    mgl_test::harness h;
+    return h.run(
+        mgl::moe_weights(h.ctx, h.f32({T, E}, probs, "probs"), h.i32({T, int64_t(p.k)}, ids), p));
+}
+
+std::vector<float> cpu_softmax(const std::vector<float>& logits, int64_t T, int64_t E) {
+    mgl_test::harness h;
+    return h.run(mgl::softmax(h.ctx, h.f32({T, E}, logits, "logits")));
+}
+
+// Random probabilities, or (ties) values from a handful of levels so most rows hold ties.
+std::vector<float> random_probs(int64_t T, int64_t E, bool ties, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<float> p(size_t(T * E));
+    for (auto& v : p) v = ties ? float(1 + rng.below(4)) / 64.0f : rng.uniform(0.0f, 1.0f);
+    return p;
+}
+
+// Element-wise equality, every mismatch counted and the first few reported.
+template <typename T>
+void check_equal(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+    REQUIRE(got.size() == want.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+            if (bad < 4) {
+                INFO(what << "[" << i << "]: got " << got[i] << ", want " << want[i]);
+                CHECK(false);
+            }
+            ++bad;
+        }
+    }
+    INFO(what << ": " << bad << " of " << got.size() << " differ");
+    CHECK(bad == 0);
+}
+
+struct GpuRoute {
+    std::vector<int32_t> ids;
+    std::vector<float> weights, probs;
+};
+
+// Runs moe_topk + moe_weights (logits == false) or moe_route (true) on [T, E] rows stored with
+// row stride `stride`.
+GpuRoute run_gpu(const std::vector<float>& rows, int64_t T, int64_t E, int64_t stride,
+                 const mgl::moe_route_params& p, bool from_logits) {
+    std::vector<float> strided(size_t(T * stride), -7.0f);
+    for (int64_t t = 0; t < T; ++t)
+        std::memcpy(&strided[size_t(t * stride)], &rows[size_t(t * E)], size_t(E) * 4);
+    DeviceBuffer in(strided), ids(size_t(T * p.k) * 4), w(size_t(T * p.k) * 4),
+        probs(size_t(T * E) * 4);
+    kernels::MoeRoutingParams r;
+    r.in_stride = stride;
+    r.ids = ids.as<int32_t>();
+    r.weights = w.as<float>();
+    r.n_tokens = T;
+    r.n_experts = E;
+    r.route = p;
+    if (from_logits) {
+        r.logits = in.as<float>();
+        r.probs_out = probs.as<float>();
+        kernels::moe_route(r, nullptr);
+    } else {
+        r.probs = in.as<float>();
+        kernels::moe_topk(r, nullptr);
+        kernels::moe_weights(r, nullptr);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return {ids.download<int32_t>(), w.download<float>(),
+            from_logits ? probs.download<float>() : std::vector<float>{}};
+}
+
+mgl::moe_route_params greedy(int k, bool norm = false) {
+    mgl::moe_route_params p;
+    p.k = k;
+    p.norm_topk_prob = norm;
+    p.routed_scaling_factor = 16.0f;
+    return p;
+}
+
+mgl::moe_route_params grouped(int k, int n_group, int topk_group, bool norm = false) {
+    mgl::moe_route_params p = greedy(k, norm);
+    p.method = mgl::topk_method::group_limited_greedy;
+    p.n_group = n_group;
+    p.topk_group = topk_group;
+    return p;
+}
+
+// GPU ids and weights from probs against the CPU ops on the same probs (bit for bit).
+void check_topk_and_weights(int64_t T, int64_t E, const mgl::moe_route_params& p, bool ties,
+                            uint64_t seed, int64_t stride = 0) {
+    CAPTURE(E);
+    CAPTURE(p.k);
+    CAPTURE(ties);
+    CAPTURE(p.n_group);
+    CAPTURE(p.topk_group);
+    CAPTURE(p.norm_topk_prob);
+    const auto probs = random_probs(T, E, ties, seed);
+    const auto gpu = run_gpu(probs, T, E, stride ? stride : E, p, false);
+    check_equal(gpu.ids, cpu_topk(probs, T, E, p), "ids");
+    check_equal(gpu.weights, cpu_weights(probs, gpu.ids, T, E, p), "weights");
+}
+
+}  // namespace
+
+TEST_CASE("cuda moe_topk and moe_weights: greedy, identical to the CPU, ties included" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 100;
+    for (int64_t E : {16, 64, 160, 256})
+        for (int k : {1, 2, 4, 6, 8})
+            for (bool ties : {false, true})
+                check_topk_and_weights(37, E, greedy(k, (k + int(ties)) % 2 == 0), ties, ++seed);
+    check_topk_and_weights(5, 1024, greedy(8, true), true, 7);  // the largest E supported
+    check_topk_and_weights(3, 64, greedy(64), false, 8);        // k == E: a full sort
+    check_topk_and_weights(9, 64, greedy(6), true, 9, 67);      // strided rows
+}
+
+TEST_CASE("cuda moe_topk group-limited greedy: identical to the CPU, ties included" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 200;
+    for (bool ties : {false, true}) {
+        check_topk_and_weights(41, 64, grouped(6, 8, 3), ties, ++seed);         // V2-Lite-like
+        check_topk_and_weights(41, 160, grouped(6, 8, 3, true), ties, ++seed);  // V2
+        check_topk_and_weights(41, 256, grouped(8, 8, 4, true), ties, ++seed);  // V3
+        check_topk_and_weights(41, 16, grouped(3, 4, 2), ties, ++seed);
+        check_topk_and_weights(41, 16, grouped(4, 4, 1), ties, ++seed);   // k == one group
+        check_topk_and_weights(41, 96, grouped(2, 32, 5), ties, ++seed);  // 32 groups of 3
+    }
+    // The hand-made rows of the CPU test: the global top-k differs from the group-limited one.
+    const std::vector<float> row = {0.30f, 0.01f, 0.29f, 0.28f, 0.0f, 0.12f};
+    CHECK(run_gpu(row, 1, 6, 6, grouped(2, 3, 1), false).ids == std::vector<int32_t>{0, 1});
+    const std::vector<float> row2 = {0.05f, 0.06f, 0.40f, 0.0f, 0.10f, 0.39f};
+    CHECK(run_gpu(row2, 1, 6, 6, grouped(3, 3, 2), false).ids == std::vector<int32_t>{2, 5, 4});
+}
+
+TEST_CASE("cuda moe_route: softmax, top-k and weights in one launch" * doctest::skip(no_gpu)) {
+    struct Cfg {
+        int64_t E;
+        mgl::moe_route_params p;
+    };
+    const Cfg cfgs[] = {
+        {64, greedy(6)},         {64, greedy(6, true)},         {16, greedy(1, true)},
+        {160, grouped(6, 8, 3)}, {256, grouped(8, 8, 4, true)}, {64, grouped(6, 8, 3, true)}};
+    uint64_t seed = 300;
+    for (const Cfg& c : cfgs)
+        for (bool ties : {false, true}) {
+            CAPTURE(c.E);
+            CAPTURE(c.p.k);
+            CAPTURE(int(c.p.method));
+            CAPTURE(ties);
+            const int64_t T = 23;
+            Rng rng(++seed);
+            std::vector<float> logits(size_t(T * c.E));
+            for (auto& v : logits) v = ties ? float(rng.below(3)) : rng.uniform(-4.0f, 4.0f);
+            const auto gpu = run_gpu(logits, T, c.E, c.E + 3, c.p, true);
+            const auto want = cpu_softmax(logits, T, c.E);
+            std::vector<double> want_d(want.begin(), want.end());
+            CHECK(test::relative_l2(gpu.probs, want_d) < 1e-6);
+            // The decisions equal the CPU rule applied to the probabilities this launch produced.
+            check_equal(gpu.ids, cpu_topk(gpu.probs, T, c.E, c.p), "ids");
+            check_equal(gpu.weights, cpu_weights(gpu.probs, gpu.ids, T, c.E, c.p), "weights");
+        }
+}
+
+TEST_CASE("cuda moe launchers reject bad parameters before touching the device") {
+    kernels::MoeRoutingParams r;
+    r.n_tokens = 1;
+    r.n_experts = 8;
+    r.route.k = 9;  // k > E
+    CHECK_THROWS_AS(kernels::moe_topk(r, nullptr), mgl::error);
+    r.route.k = 2;
+    r.n_experts = 2000;  // more than one warp's shared row can hold
+    CHECK_THROWS_AS(kernels::moe_route(r, nullptr), mgl::error);
+    r.n_experts = 8;
+    r.route = grouped(4, 3, 1);  // 8 experts do not split into 3 groups
+    CHECK_THROWS_AS(kernels::moe_topk(r, nullptr), mgl::error);
+    r.route = greedy(2);
+    CHECK_THROWS_AS(kernels::moe_topk(r, nullptr), mgl::error);  // no probs / ids
+
+    static int64_t fake_table[1];
+    static int32_t fake_ids[4];
+    static float fake_w[4], fake_x[64];
+    kernels::MoeExpertsParams e;
+    e.expert_table = fake_table;
+    e.n_experts = 1;
+    e.layout = {mgl::dtype::bf16, 16, 16, 0, 512, 1024};
+    e.ids = fake_ids;
+    e.weights = fake_w;
+    e.k = 1;
+    e.x = fake_x;
+    e.out = fake_x;
+    e.n_tokens = 1;
+    CHECK_NOTHROW(kernels::moe_experts_workspace_bytes(e));
+    auto bad = e;
+    bad.layout.type = mgl::dtype::f16;
+    CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
+    bad = e;
+    bad.layout.type = mgl::dtype::f8_e4m3;  // no scale offsets
+    CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
+    bad = e;
+    bad.k = 0;
+    CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
+    bad = e;
+    bad.shared = {mgl::dtype::f8_e4m3, fake_x, fake_x, fake_x, 16};
+    CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
+    bad = e;
+    bad.x_stride = 8;  // < n_embd
+    CHECK_THROWS_AS(kernels::moe_experts_workspace_bytes(bad), mgl::error);
+    alignas(256) static uint8_t ws[256];
+    bad = e;
+    bad.decode.unroll = 3;
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
+    bad = e;
+    bad.decode.down_warps_per_row = 3;  // does not divide 8 warps
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
+    bad = e;
+    bad.n_tokens = 100;  // decode workspace of 100 tokens does not fit 256 bytes
+    bad.path = kernels::MoePath::decode;
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
+    bad = e;
+    bad.path = kernels::MoePath::grouped;
+    bad.grouped.tile_m = 48;
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws, sizeof ws, nullptr), mgl::error);
+    bad = e;
+    CHECK_THROWS_AS(kernels::moe_experts(bad, ws + 16, sizeof ws - 16, nullptr), mgl::error);
+    CHECK(kernels::moe_resolved_path(e) == kernels::MoePath::decode);
+    e.n_tokens = 9;
+    CHECK(kernels::moe_resolved_path(e) == kernels::MoePath::grouped);
+}
+
+TEST_CASE("cuda moe route + experts captured as a CUDA graph: replays equal eager runs" *
+          doctest::skip(no_gpu)) {
+    // One graph per path: decode (T = 1, fp8, shared expert, in-place residual) and grouped
+    // (T = 40, bf16, tensor cores). New logits and x are written into the same device buffers
+    // before each replay; every replay must equal, bit for bit, the same launches run eagerly.
+    for (const bool prefill : {false, true}) {
+        CAPTURE(prefill);
+        const int64_t T = prefill ? 40 : 1, E = 64, D = 128, F = 96;
+        const int k = 6;
+        moe_test::ExpertBank bank(prefill ? mgl::dtype::bf16 : mgl::dtype::f8_e4m3, E, D, F, 41);
+        moe_test::SharedExpert shared(mgl::dtype::bf16, D, 2 * F, 42);
+        DeviceBuffer logits(size_t(T * E) * 4), ids(size_t(T * k) * 4), w(size_t(T * k) * 4),
+            x(size_t(T * D) * 4), h(size_t(T * D) * 4);
+        kernels::MoeRoutingParams r;
+        r.logits = logits.as<float>();
+        r.ids = ids.as<int32_t>();
+        r.weights = w.as<float>();
+        r.n_tokens = T;
+        r.n_experts = E;
+        r.route = grouped(k, 8, 3, true);
+        kernels::MoeExpertsParams p;
+        p.expert_table = bank.table.as<int64_t>();
+        p.n_experts = E;
+        p.layout = bank.layout;
+        p.ids = ids.as<int32_t>();
+        p.weights = w.as<float>();
+        p.k = k;
+        p.x = x.as<float>();
+        p.out = h.as<float>();
+        p.residual = h.as<float>();
+        p.n_tokens = T;
+        p.shared = shared.weights();
+        CHECK(kernels::moe_resolved_path(p) ==
+              (prefill ? kernels::MoePath::grouped : kernels::MoePath::decode));
+        DeviceBuffer ws(kernels::moe_experts_workspace_bytes(p));
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        auto step = [&] {
+            kernels::moe_route(r, stream);
+            kernels::moe_experts(p, ws.ptr, ws.bytes, stream);
+        };
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        step();
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 3; ++rep) {
+            CAPTURE(rep);
+            const auto l = test::random_floats(size_t(T * E), 500 + rep, -3.0f, 3.0f);
+            const auto xv = test::random_floats(size_t(T * D), 600 + rep);
+            const auto hv = test::random_floats(size_t(T * D), 700 + rep);
+            logits.upload(l);
+            x.upload(xv);
+            h.upload(hv);
+            CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const auto replayed = h.download<float>();
+            const auto replayed_ids = ids.download<int32_t>();
+            h.upload(hv);
+            step();
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            check_equal(replayed_ids, ids.download<int32_t>(), "ids");
+            check_equal(replayed, h.download<float>(), "out");
+            // And the step is right: the reference from the ids the router chose.
+            moe_test::Routing routing(0, E, k, 0);
+            routing.ids = ids.download<int32_t>();
+            routing.weights = w.download<float>();
+            const auto want = moe_test::reference_moe(bank, routing, k, xv, D, T, &shared.mlp, &hv);
+            CHECK(test::relative_l2(replayed, want) < (prefill ? 1e-2 : 1e-5));
+        }
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    }
+}
+#endif  // MINIDS_HAVE_CUDA

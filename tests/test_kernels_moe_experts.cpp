@@ -1,0 +1,384 @@
+// CUDA MoE expert kernels (moe_experts: the fused decode path and the grouped prefill path)
+// against a naive double-precision reference, on experts stored as .mds-style blobs scattered
+// over device memory in random order. Bounds: FP32-accumulate paths (decode, grouped without
+// tensor cores) 1e-5 relative L2; tensor-core grouped path (x and activations rounded to BF16)
+// 1e-2. Outputs and workspaces start NaN-poisoned, so an unwritten element fails the test.
+#ifdef MINIDS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moe.h"
+#include "moe_cuda_fixture.h"
+
+using namespace minids;
+using kernels::MoePath;
+using moe_test::DeviceBuffer;
+
+namespace {
+
+const bool no_gpu = !test::cuda_device_available();
+
+struct Case {
+    mgl::dtype type = mgl::dtype::f8_e4m3;
+    int64_t E = 16, D = 64, F = 32;
+    int k = 4;
+    int64_t T = 1;
+    bool shared = false;
+    mgl::dtype shared_type = mgl::dtype::bf16;
+    int64_t shared_F = 64;
+    bool residual = false;
+    bool in_place = false;    // out is the residual buffer
+    int64_t x_pad = 0;        // x row stride = D + x_pad
+    bool skew = false;        // expert 0 is every token's first choice
+    bool bad_ids = false;     // a few ids outside [0, E)
+    int64_t check_every = 1;  // compare tokens t % check_every == 0 (big shapes: a sample)
+    MoePath path = MoePath::automatic;
+    kernels::MoeDecodeConfig decode;
+    kernels::MoeGroupedConfig grouped;
+    uint64_t seed = 1;
+
+    std::string describe() const {
+        std::ostringstream s;
+        s << mgl::dtype_name(type) << " E=" << E << " D=" << D << " F=" << F << " k=" << k
+          << " T=" << T << " shared=" << (shared ? mgl::dtype_name(shared_type) : "none")
+          << (shared ? " shared_F=" + std::to_string(shared_F) : "") << " residual=" << residual
+          << " in_place=" << in_place << " x_pad=" << x_pad << " skew=" << skew
+          << " bad_ids=" << bad_ids << " path=" << int(path) << " unroll=" << decode.unroll
+          << " fp8_convert=" << int(decode.fp8_convert) << " gate_up_warps=" << decode.gate_up_warps
+          << " down_warps=" << decode.down_warps << " warps_per_row=" << decode.down_warps_per_row
+          << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m;
+        return s.str();
+    }
+};
+
+// Banks are reused across cases of the same shape (V2-Lite-sized ones take a while to build).
+std::shared_ptr<moe_test::ExpertBank> bank_for(mgl::dtype type, int64_t E, int64_t D, int64_t F) {
+    static std::vector<std::shared_ptr<moe_test::ExpertBank>> cache;
+    for (auto& b : cache)
+        if (b->layout.type == type && b->n_experts() == E && b->layout.n_embd == D &&
+            b->layout.n_ff == F)
+            return b;
+    if (cache.size() > 6) cache.erase(cache.begin());
+    cache.push_back(std::make_shared<moe_test::ExpertBank>(type, E, D, F, 1000 + cache.size()));
+    return cache.back();
+}
+
+// Runs one case; returns the relative L2 error against the reference (checks finiteness).
+double run_case(const Case& c) {
+    const auto bank = bank_for(c.type, c.E, c.D, c.F);
+    std::unique_ptr<moe_test::SharedExpert> shared;
+    if (c.shared)
+        shared =
+            std::make_unique<moe_test::SharedExpert>(c.shared_type, c.D, c.shared_F, c.seed + 7);
+    moe_test::Routing routing(c.T, c.E, c.k, c.seed + 1, c.skew);
+    if (c.bad_ids) {
+        routing.ids[0] = -1;
+        if (c.T > 1) routing.ids[size_t(c.k + c.k - 1)] = int32_t(c.E);
+    }
+    const int64_t x_stride = c.D + c.x_pad;
+    const auto x = test::random_floats(size_t(c.T * x_stride), c.seed + 2);
+    const auto residual = test::random_floats(size_t(c.T * c.D), c.seed + 3, -4.0f, 4.0f);
+
+    DeviceBuffer dx(x), dids(routing.ids), dw(routing.weights), dres(residual);
+    DeviceBuffer dout(size_t(c.T * c.D) * 4);  // NaN-poisoned
+    kernels::MoeExpertsParams p;
+    p.expert_table = bank->table.as<int64_t>();
+    p.n_experts = c.E;
+    p.layout = bank->layout;
+    p.ids = dids.as<int32_t>();
+    p.weights = dw.as<float>();
+    p.k = c.k;
+    p.x = dx.as<float>();
+    p.x_stride = x_stride;
+    p.out = c.in_place ? dres.as<float>() : dout.as<float>();
+    p.residual = c.residual || c.in_place ? dres.as<float>() : nullptr;
+    p.n_tokens = c.T;
+    if (shared) p.shared = shared->weights();
+    p.path = c.path;
+    p.decode = c.decode;
+    p.grouped = c.grouped;
+    DeviceBuffer ws(kernels::moe_experts_workspace_bytes(p));  // NaN-poisoned
+    kernels::moe_experts(p, ws.ptr, ws.bytes, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = (c.in_place ? dres : dout).download<float>();
+    const auto want = moe_test::reference_moe(
+        *bank, routing, c.k, x, x_stride, c.T, shared ? &shared->mlp : nullptr,
+        c.residual || c.in_place ? &residual : nullptr, c.check_every);
+    int64_t non_finite = 0;
+    for (float v : got) non_finite += std::isfinite(v) ? 0 : 1;
+    INFO(c.describe());
+    INFO("non-finite outputs: " << non_finite);
+    CHECK(non_finite == 0);
+    std::vector<float> got_s;
+    std::vector<double> want_s;
+    for (int64_t t = 0; t < c.T; t += c.check_every)
+        for (int64_t d = 0; d < c.D; ++d) {
+            got_s.push_back(got[size_t(t * c.D + d)]);
+            want_s.push_back(want[size_t(t * c.D + d)]);
+        }
+    return test::relative_l2(got_s, want_s);
+}
+
+void check_case(const Case& c, double bound) {
+    const double err = run_case(c);
+    INFO(c.describe());
+    INFO("relative L2 " << err << ", bound " << bound);
+    CHECK(err < bound);
+}
+
+bool uses_tensor_cores(const Case& c) {
+    return c.grouped.tensor_cores && c.D % 16 == 0 && c.F % 16 == 0 &&
+           (!c.shared || c.shared_F % 16 == 0) && (c.D + c.x_pad) % 4 == 0;
+}
+
+const mgl::dtype all_types[] = {mgl::dtype::f8_e4m3, mgl::dtype::bf16, mgl::dtype::f32};
+
+}  // namespace
+
+TEST_CASE("cuda moe decode: every dtype, shared expert and residual on and off, T 1..3" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 10;
+    for (mgl::dtype type : all_types)
+        for (bool shared : {false, true})
+            for (bool residual : {false, true})
+                for (int64_t T : {1, 2, 3}) {
+                    Case c;
+                    c.type = type;
+                    c.shared = shared;
+                    c.shared_type = type == mgl::dtype::f32 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                    c.residual = residual;
+                    c.T = T;
+                    c.path = MoePath::decode;
+                    c.seed = ++seed;
+                    check_case(c, 1e-5);
+                }
+}
+
+TEST_CASE("cuda moe decode: E x k grid, model shapes, odd shapes, strides, in-place residual" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 100;
+    for (int64_t E : {16, 64, 160})
+        for (int k : {1, 2, 4, 6, 8}) {
+            Case c;
+            c.E = E;
+            c.k = k;
+            c.T = 2;
+            c.shared = k % 2 == 0;
+            c.seed = ++seed;
+            check_case(c, 1e-5);
+        }
+    Case demo;  // models/demo.mds: D 256, n_ff 80, 32 experts, top-4, 2 shared experts
+    demo.E = 32;
+    demo.D = 256;
+    demo.F = 80;
+    demo.shared = true;
+    demo.shared_F = 160;
+    demo.residual = true;
+    for (int64_t T : {1, 3}) {
+        demo.T = T;
+        check_case(demo, 1e-5);
+    }
+    for (mgl::dtype type : all_types) {  // unaligned rows: the element-by-element kernels
+        Case odd;
+        odd.type = type;
+        odd.D = 24;
+        odd.F = 13;
+        odd.E = 7;
+        odd.k = 3;
+        odd.T = 3;
+        odd.shared = true;
+        odd.shared_type = mgl::dtype::f32;
+        odd.shared_F = 7;
+        odd.residual = true;
+        odd.x_pad = 1;
+        check_case(odd, 1e-5);
+    }
+    Case strided;
+    strided.T = 3;
+    strided.x_pad = 5;
+    strided.in_place = true;
+    strided.shared = true;
+    check_case(strided, 1e-5);
+    Case bad;  // ids outside [0, E) contribute nothing
+    bad.T = 3;
+    bad.bad_ids = true;
+    bad.shared = true;
+    check_case(bad, 1e-5);
+    Case many;  // the decode path is correct for any T (it is only meant for few)
+    many.T = 17;
+    many.shared = true;
+    many.residual = true;
+    many.path = MoePath::decode;
+    check_case(many, 1e-5);
+}
+
+TEST_CASE("cuda moe decode: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 2816 bf16)" *
+          doctest::skip(no_gpu)) {
+    for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
+        Case c;
+        c.type = type;
+        c.E = 8;  // eight blobs are enough to route six distinct experts
+        c.D = 2048;
+        c.F = 1408;
+        c.k = 6;
+        c.shared = true;
+        c.shared_F = 2816;
+        c.residual = true;
+        for (int64_t T : {1, 4}) {
+            c.T = T;
+            check_case(c, 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda moe decode: every kernel configuration gives the same answer" *
+          doctest::skip(no_gpu)) {
+    Case base;
+    base.E = 64;
+    base.D = 256;
+    base.F = 96;
+    base.k = 6;
+    base.T = 2;
+    base.shared = true;
+    base.shared_F = 192;
+    base.residual = true;
+    for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16})
+        for (int unroll : {2, 4, 8})
+            for (auto cvt : {kernels::Fp8Convert::hardware, kernels::Fp8Convert::bit_ops})
+                for (int wpr : {1, 2, 4, 8}) {
+                    Case c = base;
+                    c.type = type;
+                    c.decode.unroll = unroll;
+                    c.decode.fp8_convert = cvt;
+                    c.decode.down_warps_per_row = wpr;
+                    c.decode.gate_up_warps = wpr == 8 ? 16 : 4 * wpr;
+                    c.decode.down_warps = wpr == 1 ? 4 : 8;
+                    check_case(c, 1e-5);
+                }
+}
+
+TEST_CASE("cuda moe grouped: tensor cores and the FP32 kernels, every dtype, T 17 and 512" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 300;
+    for (mgl::dtype type : all_types)
+        for (bool tc : {true, false})
+            for (int64_t T : {17, 512}) {
+                Case c;
+                c.type = type;
+                c.E = 64;
+                c.D = 128;
+                c.F = 96;
+                c.k = 6;
+                c.T = T;
+                c.shared = true;
+                c.shared_type = type == mgl::dtype::f32 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                c.shared_F = 192;
+                c.residual = true;
+                c.path = MoePath::grouped;
+                c.grouped.tensor_cores = tc;
+                c.seed = ++seed;
+                REQUIRE(uses_tensor_cores(c) == tc);
+                check_case(c, tc ? 1e-2 : 1e-5);
+            }
+}
+
+TEST_CASE("cuda moe grouped: tile sizes, skewed routing, few tokens, odd shapes, bad ids" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 400;
+    for (int tile_m : {32, 64, 128})
+        for (bool skew : {false, true})
+            for (int64_t T : {1, 2, 3, 17, 200}) {
+                Case c;
+                c.E = 16;
+                c.D = 64;
+                c.F = 32;
+                c.k = 4;
+                c.T = T;
+                c.skew = skew;  // expert 0 gets all T tokens: several M tiles of one expert
+                c.shared = T % 2 == 1;
+                c.residual = true;
+                c.path = MoePath::grouped;
+                c.grouped.tile_m = tile_m;
+                c.seed = ++seed;
+                check_case(c, 1e-2);
+            }
+    for (int k : {1, 2, 8}) {
+        Case c;
+        c.E = 160;
+        c.D = 64;
+        c.F = 48;
+        c.k = k;
+        c.T = 100;
+        c.path = MoePath::grouped;
+        check_case(c, 1e-2);
+    }
+    for (bool tc : {true, false}) {
+        Case demo;  // demo model shapes: D 256, n_ff 80 (a partial K tile in the down GEMM)
+        demo.E = 32;
+        demo.D = 256;
+        demo.F = 80;
+        demo.T = 64;
+        demo.shared = true;
+        demo.shared_F = 160;
+        demo.residual = true;
+        demo.in_place = true;
+        demo.path = MoePath::grouped;
+        demo.grouped.tensor_cores = tc;
+        check_case(demo, tc ? 1e-2 : 1e-5);
+    }
+    for (mgl::dtype type : all_types) {  // unaligned: the FP32 kernels even when TC is asked
+        Case odd;
+        odd.type = type;
+        odd.D = 24;
+        odd.F = 13;
+        odd.E = 7;
+        odd.k = 3;
+        odd.T = 33;
+        odd.shared = true;
+        odd.shared_type = mgl::dtype::f32;
+        odd.shared_F = 7;
+        odd.residual = true;
+        odd.x_pad = 1;
+        odd.path = MoePath::grouped;
+        check_case(odd, 1e-5);
+    }
+    Case bad;
+    bad.T = 40;
+    bad.bad_ids = true;
+    bad.path = MoePath::grouped;
+    check_case(bad, 1e-2);
+    Case strided;  // x rows padded by 4 floats: still 16-byte aligned, tensor cores
+    strided.T = 40;
+    strided.x_pad = 4;
+    strided.path = MoePath::grouped;
+    REQUIRE(uses_tensor_cores(strided));
+    check_case(strided, 1e-2);
+}
+
+TEST_CASE("cuda moe grouped: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 2816)" *
+          doctest::skip(no_gpu)) {
+    // 16 blobs and 128 tokens: ~48 rows per expert as with 64 experts and 512 tokens; the
+    // double reference is computed for every 8th token.
+    for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
+        Case c;
+        c.type = type;
+        c.E = 16;
+        c.D = 2048;
+        c.F = 1408;
+        c.k = 6;
+        c.T = 128;
+        c.shared = true;
+        c.shared_F = 2816;
+        c.residual = true;
+        c.path = MoePath::grouped;
+        c.check_every = 8;
+        check_case(c, 1e-2);
+    }
+}
+#endif  // MINIDS_HAVE_CUDA
