@@ -41,9 +41,9 @@ int main(int argc, char** argv) {
     }
     try {
         auto file = mds::MdsFile::open(argv[1]);
-        Deepseek2Model model(*file);
-        Tokenizer tok(file->tokenizer());
         auto backend = mgl::make_cpu_backend(0);
+        Deepseek2Model model(*file, *backend);
+        Tokenizer tok(file->tokenizer());
         std::ifstream in(argv[2], std::ios::binary);
         const std::string text(std::istreambuf_iterator<char>(in), {});
         std::vector<int32_t> ids;
