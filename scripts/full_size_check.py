@@ -23,7 +23,8 @@ Usage (repository root, build/ carried; see scripts/full_size_check.sh):
     python3 scripts/full_size_check.py --out OUT [--layers 4] [--cpu] [--work DIR]
 --layers N keeps every shape but the layer count (quick run); --cpu forces minids onto the CPU
 (passes --cpu when minids has that flag; a minids without it runs on the CPU anyway).
-Writes OUT/summary.txt, OUT/results.json and OUT/logs/. Exit status 0 when every check passed.
+Writes three files: OUT/summary.txt, OUT/results.json, OUT/logs.tar.gz (each command's output).
+Exit status 0 when every check passed.
 """
 
 import argparse
@@ -73,10 +74,12 @@ LIMITS = {"fp8": 5e-2, "bf16": 2e-2}
 class Run:
     """Log, timings and the time budget of the whole check."""
 
-    def __init__(self, out, budget):
+    def __init__(self, out, work, budget):
         self.out, self.t0, self.deadline = out, time.time(), time.time() + budget
         self.lines, self.results = [], {"stages": {}, "checks": [], "skipped": []}
-        os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+        self.logs = os.path.join(work, "logs")  # bundled into OUT/logs.tar.gz at the end
+        os.makedirs(self.logs, exist_ok=True)
+        os.makedirs(out, exist_ok=True)
 
     def log(self, s):
         s = "[%6.1f s] %s" % (time.time() - self.t0, s)
@@ -357,7 +360,7 @@ class SelfTestModel:
 
 def sh(cmd, run, log_name, timeout):
     t = time.time()
-    with open(os.path.join(run.out, "logs", log_name), "w") as log:
+    with open(os.path.join(run.logs, log_name), "w") as log:
         log.write("$ %s\n" % " ".join(cmd if len(" ".join(cmd)) < 2000 else cmd[:6] + ["..."]))
         log.flush()
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -474,8 +477,8 @@ def main():
     ap.add_argument("--self-test", action="store_true", help="no transformers or GPU: "
                     "deepseek_reference.py's float64 forward as the reference (tests this script)")
     args = ap.parse_args()
-    run = Run(os.path.abspath(args.out), args.time_budget)
     args.work = os.path.abspath(args.work)
+    run = Run(os.path.abspath(args.out), args.work, args.time_budget)
     cfg = dict(V2_LITE, num_hidden_layers=args.layers)
     c = ds.DsConfig(cfg)
     run.results["config"] = {"layers": args.layers, "cpu": args.cpu,
@@ -593,6 +596,9 @@ def main():
         fh.write("\n".join(run.lines) + "\n")
     with open(os.path.join(run.out, "results.json"), "w") as fh:
         json.dump(run.results, fh, indent=1)
+    import tarfile
+    with tarfile.open(os.path.join(run.out, "logs.tar.gz"), "w:gz") as tar:
+        tar.add(run.logs, arcname="logs")
     return 0 if all_pass else (rc_total or 1)
 
 

@@ -5,7 +5,7 @@
 # and 31 GB of /dev/shm). Everything after the options goes to scripts/full_size_check.py:
 #   scripts/full_size_check.sh                      # 27 layers, minids on the GPU (when it has one)
 #   scripts/full_size_check.sh --layers 4 --cpu     # quick: 4 layers, minids on the CPU
-# Results: $OUT (default full_size_out/): summary.txt, results.json, logs/.
+# Results: $OUT (default full_size_out/): summary.txt, results.json, logs.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -157,7 +157,7 @@ TEST_CASE("model variants: every fixture under tests/data/variants matches its r
         (void)manifest.at("variants").at(0).at("name");
     } catch (const std::exception& e) {
         FAIL("variant fixtures: " << (root / "manifest.json").string()
-                                  << " is missing or malformed: " << e.what());
+                                  << " is missing or malformed: " << std::string(e.what()));
     }
     if (manifest.value("provenance", nlohmann::json::object()).value("self_test", false))
         MESSAGE(
@@ -183,7 +183,7 @@ TEST_CASE("model variants: every fixture under tests/data/variants matches its r
         try {
             results.push_back(check_variant(root / name, feats));
         } catch (const std::exception& e) {
-            FAIL_CHECK("variant " << name << ": " << e.what());
+            FAIL_CHECK("variant " << name << ": " << std::string(e.what()));
         }
     }
     for (const auto& d : dirs)
