@@ -447,14 +447,16 @@ def build_patched(T, vdir, c, w, log):
         x = torch.randn(5, c.hidden_size, generator=gen, dtype=F64)
         try:
             got = layers[i].mlp.experts(x, torch.full((5, 1), e), torch.ones(5, 1, dtype=F64))
+        except Exception as ex:  # noqa: BLE001 - another calling convention: the end-to-end
+            got = None           # comparison still covers the layout
+            notes.append("experts not probed alone (%s: %s)" % (type(ex).__name__, ex))
+        if got is not None:
             ref = ds.swiglu_mlp(x, w, "model.layers.%d.mlp.experts.%d." % (i, e))
-            err = float(rel_rows(got, ref).max())
+            err = float(rel_rows(first(got), ref).max())
             if err > 1e-12:
                 raise RuntimeError("expert %d of layer %d: transformers' experts differ from the "
                                    "checkpoint's expert by %.2e (weight layout mapped wrongly)" %
                                    (e, i, err))
-        except TypeError as ex:
-            notes.append("experts not probed alone (%s)" % ex)
     # Norm eps: DeepSeek's layer norms use rms_norm_eps, q_a/kv_a_layernorm 1e-6.
     for name, mod in model.named_modules():
         if not (name.endswith("layernorm") or name.endswith(".norm")):
@@ -532,7 +534,8 @@ def hf_stock(T, vdir, c, prompt, ds_logits):
         rep["load_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
         return rep, None
     for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        keys = sorted(info.get(k, []) or [], key=str)
+        keys = info.get(k) if isinstance(info, dict) else getattr(info, k, None)
+        keys = sorted(keys or [], key=str)
         rep[k] = {"count": len(keys), "first": [str(x)[:100] for x in keys[:4]]}
     try:
         rep["worst_rel_vs_deepseek"] = ds.worst_position_error(hf_logits(model, prompt), ds_logits)
