@@ -10,8 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 OUT="${OUT:-full_size_out}"
-if [[ ! -x build/minids ]]; then
-    echo "full_size_check: build/minids is missing (cmake --build build --target minids)" >&2
+MINIDS="${MINIDS:-build/minids}"  # a carried build may live elsewhere (scripts/gpu_check.sh)
+if [[ ! -x "$MINIDS" ]]; then
+    echo "full_size_check: $MINIDS is missing (cmake --build build --target minids)" >&2
     exit 2
 fi
 python3 -c 'import torch, transformers, numpy' || {
@@ -20,4 +21,4 @@ python3 -c 'import torch, transformers, numpy' || {
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 df -h . /dev/shm 2>/dev/null || true
-exec python3 scripts/full_size_check.py --out "$OUT" "$@"
+exec python3 scripts/full_size_check.py --out "$OUT" --minids "$MINIDS" "$@"

@@ -38,4 +38,8 @@ struct cuda_options {
 };
 std::unique_ptr<backend> make_cuda_backend(const cuda_options& options = {});
 
+// Device-to-device copy bandwidth of device 0 in GB/s (bytes read + written, median of repeats
+// over a 1 GiB buffer): the ceiling benchmarks report floors against. 0 without a device.
+double cuda_copy_bandwidth_gbs();
+
 }  // namespace mgl

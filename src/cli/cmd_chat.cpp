@@ -173,9 +173,7 @@ int chat(const ChatOptions& o) {
     const Tokenizer& tok = *m.tokenizer;
     const ChatFormat format = chat_format(m, o.model.chat_template);
 
-    SessionParams sp;
-    sp.n_ctx = o.model.n_ctx;
-    Session session(*m.model, *m.backend, sp);
+    Session session(*m.model, *m.backend, m.session_params);
     RoutingHooks routing(o.routing, m, "chat");  // the trace is written when chat returns
     routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);

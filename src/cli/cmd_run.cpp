@@ -126,9 +126,7 @@ int run(const RunOptions& o) {
                         std::to_string(o.model.n_ctx) + " tokens (-c)");
     }
 
-    SessionParams sp;
-    sp.n_ctx = o.model.n_ctx;
-    Session session(*m.model, *m.backend, sp);
+    Session session(*m.model, *m.backend, m.session_params);
     RoutingHooks routing(o.routing, m, "run");
     routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);
