@@ -9,6 +9,9 @@ cuda_device_info cuda_info(int) { return {}; }
 std::unique_ptr<backend> make_cuda_backend(const cuda_options&) {
     fail(__FILE__, __LINE__, "this build of minids has no CUDA support");
 }
+cuda_graph_info cuda_graph_info_of(backend&, const graph&) {
+    fail(__FILE__, __LINE__, "this build of minids has no CUDA support");
+}
 
 }  // namespace mgl
 #endif
