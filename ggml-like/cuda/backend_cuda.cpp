@@ -262,7 +262,8 @@ private:
         const size_t rounded = std::max<size_t>((bytes + (1 << 20) - 1) >> 20 << 20, 1 << 20);
         w.mem = device_memory();
         w.mem = device_memory(rounded);
-        if (zero) CUDA_CHECK(cudaMemset(w.mem.get(), 0, rounded));
+        // On the backend's stream: it does not synchronize with the legacy default stream.
+        if (zero) CUDA_CHECK(cudaMemsetAsync(w.mem.get(), 0, rounded, stream_.get()));
         ++w.generation;
     }
 
