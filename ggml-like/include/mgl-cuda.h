@@ -1,10 +1,20 @@
 // mgl's CUDA backend: the same ops as the CPU backend, run on one CUDA device (ggml-like/cuda/).
 //
 // Tensors live in device memory (alloc_buffer) or in host memory registered with the device
-// (register_host: kernels read it over PCIe). compute() enqueues every node on the backend's
-// stream and returns; a graph marked `reusable` is captured as a CUDA graph on its first compute
-// and replayed afterwards, so a decode step costs one graph launch. Everything a step changes
-// (token, positions, page table, expert table) is a tensor the caller rewrites between replays.
+// (register_host: kernels read it over PCIe); allocate() refuses a leaf the device cannot read,
+// naming it. allocate() also decides which nodes run fused (cuda_fusions), builds every kernel's
+// parameters once and sizes one workspace for the largest need. compute() enqueues the launches
+// on the backend's stream and returns. A graph marked `reusable` runs eagerly on its first
+// compute (a warm-up: lazy module loading, cuBLAS setup), is captured as a CUDA graph on the
+// second and replayed afterwards, so a decode step costs one graph launch; it is captured again
+// after allocate() or when the workspace had to grow. Everything a step changes (token,
+// positions, page table, expert table) is a tensor the caller rewrites between replays.
+//
+// What it cannot run (supports_op says so, allocate() names the node and the reason): integer
+// get_rows tables, strided norm weights, positions or page tables; moe_* with more than 1024
+// experts, more than 32 per token, n_embd above 12288 or non-contiguous ids / weights; kv_store
+// and mla_attn over non-contiguous pages, kv_lora_rank not a multiple of 8 in [8, 512] or a rope
+// dim not a multiple of 8 in [8, 128].
 //
 // In a build without CUDA the functions below exist: cuda_available() is false and
 // make_cuda_backend() throws mgl::error.
