@@ -162,6 +162,8 @@ public:
 
     void compute(graph& g) override {
         check_not_stale(g);
+        MGL_CHECK(g.placed_in->buf && g.placed_in->buf->kind() == memory_kind::device,
+                  "compute: the graph was not allocated by a CUDA backend");
         use_device();
         graph_plan& p = plan_for(g);
         const exec_env env = environment();
