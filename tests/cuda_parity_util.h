@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -254,9 +255,34 @@ inline double rel_l2(const std::vector<double>& got, const std::vector<double>& 
     return std::sqrt(num / den);
 }
 
+// The worst relative L2 seen per kind of check, printed once per test case (a compact summary of
+// the GPU run; failures are reported one by one with their bounds).
+struct worst_errors {
+    std::vector<std::pair<std::string, double>> items;
+    void add(const std::string& what, double e) {
+        for (auto& [w, v] : items) {
+            if (w == what) {
+                v = std::max(v, e);
+                return;
+            }
+        }
+        items.emplace_back(what, e);
+    }
+    std::string str() const {
+        std::string out = "worst relative L2 vs the CPU:";
+        for (const auto& [w, v] : items) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, " %.2e", v);
+            out += " " + w + buf + ";";
+        }
+        return out;
+    }
+};
+
 // Runs `build` on a fresh CPU backend and on `cuda`, and compares each output against its bound.
 inline parity_result check_parity(const std::string& what, mgl::backend& cuda,
-                                  const graph_builder& build, std::vector<double> bounds) {
+                                  const graph_builder& build, std::vector<double> bounds,
+                                  worst_errors* log = nullptr) {
     auto cpu_be = mgl::make_cpu_backend(2);
     side cpu(*cpu_be), gpu(cuda);
     const auto cpu_out = cpu.run(build(cpu));
@@ -268,6 +294,7 @@ inline parity_result check_parity(const std::string& what, mgl::backend& cuda,
         size_t nan = 0;
         const double e = rel_l2(gpu_out[i], cpu_out[i], nan);
         r.rel_l2.push_back(e);
+        if (log) log->add(what, e);
         r.nan_mismatches.push_back(nan);
         INFO(what << ", output " << i << ": relative L2 " << e << " (bound " << bounds[i] << "), "
                   << nan << " NaN mismatches of " << cpu_out[i].size());

@@ -28,6 +28,7 @@ std::vector<int32_t> random_ids(size_t n, int32_t E, uint64_t seed) {
 TEST_CASE("cuda moe_experts: every expert dtype, decode and grouped paths, shared expert" *
           doctest::skip(no_gpu)) {
     auto be = mgl::make_cuda_backend();
+    worst_errors log;
     const int64_t E = 16, k = 4;
     // (D, F): tensor-core friendly, and one the grouped path runs on its FP32 SIMT kernels.
     for (auto [D, F] : {std::pair<int64_t, int64_t>{96, 48}, {40, 24}}) {
@@ -60,11 +61,12 @@ TEST_CASE("cuda moe_experts: every expert dtype, decode and grouped paths, share
                             mgl::tensor* h = s.random(dtype::f32, {T, D}, 507);
                             return {mgl::add(s.ctx, h, y)};
                         },
-                        {bound});
+                        {bound}, &log);
                 }
             }
         }
     }
+    MESSAGE(log.str());
 }
 
 namespace {
@@ -103,6 +105,7 @@ std::vector<mgl::tensor*> mla_graph(side& s, const mla_case& c) {
 TEST_CASE("cuda kv_store + mla_attn: page dtypes, scrambled page table, jumping positions" *
           doctest::skip(no_gpu)) {
     auto be = mgl::make_cuda_backend();
+    worst_errors log;
     std::vector<int32_t> prefill(40);
     for (int32_t i = 0; i < 40; ++i) prefill[size_t(i)] = 60 + i;
     for (dtype pages_type : {dtype::f32, dtype::bf16}) {
@@ -119,10 +122,12 @@ TEST_CASE("cuda kv_store + mla_attn: page dtypes, scrambled page table, jumping 
             CAPTURE(c.positions.size());
             CAPTURE(c.positions[0]);
             const bool decode = int64_t(c.positions.size()) * c.H <= 64;
-            check_parity("mla", *be, [&](side& s) { return mla_graph(s, c); },
-                         {decode ? 1e-4 : 2e-2, 1e-7});
+            check_parity(
+                "mla", *be, [&](side& s) { return mla_graph(s, c); }, {decode ? 1e-4 : 2e-2, 1e-7},
+                &log);
         }
     }
+    MESSAGE(log.str());
 }
 
 #endif  // MINIDS_HAVE_CUDA
