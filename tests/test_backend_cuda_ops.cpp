@@ -203,7 +203,7 @@ TEST_CASE("cuda rope: [T, d] and [T, H, d], plain and YaRN tables, jumping posit
             mgl::tensor* pos = s.i32({5}, ints({0, 7, 3, 1000, 4095}));
             mgl::tensor* x3 = s.random(dtype::f32, {5, 3, 64}, 81, -2.0f, 2.0f);
             mgl::tensor* x2 = s.random(dtype::f32, {5, 16}, 82, -2.0f, 2.0f);
-            mgl::tensor* wide = s.random(dtype::f32, {5, 3, 81}, 83, -2.0f, 2.0f);
+            mgl::tensor* wide = s.random(dtype::f32, {5, 3, 82}, 83, -2.0f, 2.0f);
             return {mgl::rope(s.ctx, x3, pos, yarn), mgl::rope(s.ctx, x2, pos, plain),
                     // 8-byte aligned slice (read in place) and an odd one (staged)
                     mgl::rope(s.ctx, mgl::slice(s.ctx, wide, 2, 16, 64), pos, yarn),
