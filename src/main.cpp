@@ -1,4 +1,4 @@
-// minids: one binary, subcommands (run, chat, convert, bench, info, tokenize).
+// minids: one binary, subcommands (run, chat, convert, bench, info, tokenize, routing).
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     minids::cli::add_bench_command(app, exit_code);
     minids::cli::add_info_command(app, exit_code);
     minids::cli::add_tokenize_command(app, exit_code);
+    minids::cli::add_routing_command(app, exit_code);
     // llama.cpp spells chat's system prompt "-sys"; CLI11 only knows one-letter short flags.
     std::string sys_flag = "--sys";
     std::vector<char*> args(argv, argv + argc);

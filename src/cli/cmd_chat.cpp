@@ -15,6 +15,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
+#include "cli/routing_flags.h"
 #include "runtime/generate.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
@@ -29,6 +30,7 @@ struct ChatOptions {
     SamplerParams sampling;
     std::string system_prompt;
     int64_t n_predict = -1;
+    RoutingFlags routing;
 };
 
 // Lines from the terminal through libedit (editing, history), or plain lines from a pipe.
@@ -174,6 +176,8 @@ int chat(const ChatOptions& o) {
     SessionParams sp;
     sp.n_ctx = o.model.n_ctx;
     Session session(*m.model, *m.backend, sp);
+    RoutingHooks routing(o.routing, m, "chat");  // the trace is written when chat returns
+    routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);
     InterruptHandler interrupt;
     LineReader in;
@@ -277,6 +281,7 @@ void add_chat_command(CLI::App& app, int& exit_code) {
         ->capture_default_str()
         ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
     add_sampling_flags(*cmd, opts->sampling);
+    add_routing_flags(*cmd, opts->routing);
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("chat", [&] { return chat(*opts); }); });
 }

@@ -13,6 +13,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
+#include "cli/routing_flags.h"
 #include "runtime/generate.h"
 #include "runtime/interrupt.h"
 #include "runtime/npy.h"
@@ -33,6 +34,7 @@ struct RunOptions {
     std::string dump_logits;
     std::string dump_tensors;
     bool no_bos = false;
+    RoutingFlags routing;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
@@ -127,6 +129,8 @@ int run(const RunOptions& o) {
     SessionParams sp;
     sp.n_ctx = o.model.n_ctx;
     Session session(*m.model, *m.backend, sp);
+    RoutingHooks routing(o.routing, m, "run");
+    routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);
     InterruptHandler interrupt;
     StreamingDetokenizer detok(*m.tokenizer, /*skip_special=*/false);
@@ -178,6 +182,7 @@ int run(const RunOptions& o) {
         if (st.n_gen > 0) std::fputc('\n', stdout);
     }
     std::fflush(stdout);
+    routing.write();
     if (!o.dump_logits.empty()) {
         write_npy_f32(o.dump_logits, prompt_logits, {n_prompt, cfg.vocab_size});
         std::fprintf(stderr, "minids run: wrote logits [%lld, %lld] to %s\n", (long long)n_prompt,
@@ -231,6 +236,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                     "write the float32 logits of every prompt position to this .npy file, shape "
                     "[n_prompt, vocab]");
     cmd->add_flag("--no-bos", opts->no_bos, "do not add the BOS token to a text prompt");
+    add_routing_flags(*cmd, opts->routing);
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("run", [&] { return run(*opts); }); });
 }

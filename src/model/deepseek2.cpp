@@ -201,7 +201,10 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     const ModelConfig& c = cfg_;
     const int64_t T = x->dim(0), H = c.num_attention_heads, r = c.kv_lora_rank;
     const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
-    const float eps = float(c.rms_norm_eps);
+    // q_a_layernorm and kv_a_layernorm use DeepSeek's default eps (1e-6), not rms_norm_eps: both
+    // DeepSeek's modeling_deepseek.py and transformers construct them without passing the config's
+    // eps (docs/fidelity.md); only the layer norms and the final norm read rms_norm_eps.
+    const float latent_eps = 1e-6f;
     mgl::tensor* pages = batch.kv_pages[size_t(il)];
     mgl::tensor* page_table = batch.page_table;
 
@@ -222,7 +225,8 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
 
     mgl::tensor* q = q_first;  // [T, H·(nope+rope)]
     if (!L.wq) {
-        mgl::tensor* q_a = named(mgl::rms_norm(ctx, q_first, L.q_a_norm, eps), "q_a_norm", il);
+        mgl::tensor* q_a =
+            named(mgl::rms_norm(ctx, q_first, L.q_a_norm, latent_eps), "q_a_norm", il);
         q = named(mgl::matmul(ctx, q_a, L.wq_b), "q", il);
     }
     // A reshape needs a contiguous source; the merged matmul's slice is not.
@@ -235,9 +239,9 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     mgl::tensor* kv_cmpr =
         named(mgl::slice(ctx, kv_cmpr_pe, 1, 0, r), "kv_cmpr_raw", il);  // [T, r]
     mgl::tensor* k_pe =
-        named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);             // [T, rope]
-    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);  // [T, r]
-    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);         // [T, rope]
+        named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);  // [T, rope]
+    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, latent_eps), "kv_cmpr", il);  // [T, r]
+    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);  // [T, rope]
 
     // q_lat[t, h] = q_nope[t, h] · W_uk[h]: one matmul batched over heads. (mgl ops read their
     // inputs through strides, so the permuted views need no copies.)
