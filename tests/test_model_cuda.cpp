@@ -43,20 +43,6 @@ SessionParams session_params(mgl::dtype kv, int64_t n_ctx = 512, int64_t page_si
     return p;
 }
 
-std::vector<int32_t> greedy_tokens(Session& s, std::span<const int32_t> prompt, int64_t n) {
-    SamplerParams sp;
-    sp.temp = 0.0f;
-    Sampler sampler(sp, s.n_ctx());
-    GenerateParams gp;
-    gp.n_predict = n;
-    std::vector<int32_t> out;
-    generate(s, sampler, prompt, gp, [&](int32_t id) {
-        out.push_back(id);
-        return true;
-    });
-    return out;
-}
-
 // Teacher-forced greedy: feeds the reference's tokens and, per step, compares our arg-max with
 // the reference's next token. A disagreement is acceptable when the two logits are within `tol`
 // of the row's largest magnitude (a near tie that BF16 rounding may flip). Returns the number of
