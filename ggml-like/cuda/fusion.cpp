@@ -14,25 +14,29 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     const char* v = std::getenv("MINIDS_CUDA_FUSE");
     if (!v || !*v) return on;
     const std::string s = v;
-    if (s == "all" || s == "1") return fusion_switches{};
-    fusion_switches none{false, false, false, false};
-    if (s == "0" || s == "none") return none;
-    std::stringstream list(s);
-    for (std::string name; std::getline(list, name, ',');) {
-        if (name == "norm") {
-            none.norm = true;
-        } else if (name == "residual") {
-            none.residual = true;
-        } else if (name == "route") {
-            none.route = true;
-        } else if (name == "mla_prep") {
-            none.mla_prep = true;
-        } else {
-            throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
-                        "' (expected 0, all, or a comma list of norm, residual, route, mla_prep)");
+    if (s == "all" || s == "1") return on;
+    fusion_switches keep{false, false, false, false};
+    if (s != "0" && s != "none") {
+        std::stringstream list(s);
+        for (std::string name; std::getline(list, name, ',');) {
+            if (name == "norm") {
+                keep.norm = true;
+            } else if (name == "residual") {
+                keep.residual = true;
+            } else if (name == "route") {
+                keep.route = true;
+            } else if (name == "mla_prep") {
+                keep.mla_prep = true;
+            } else {
+                throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
+                            "' (expected 0, all, or a comma list of norm, residual, route, "
+                            "mla_prep)");
+            }
         }
     }
-    return none;
+    // The environment only turns fusions off.
+    return {on.norm && keep.norm, on.residual && keep.residual, on.route && keep.route,
+            on.mla_prep && keep.mla_prep};
 }
 
 namespace {

@@ -28,8 +28,8 @@
 namespace mgl::cuda {
 
 using fusion_switches = cuda_fusions;
-// The switches from MINIDS_CUDA_FUSE when it is set ("0" / "none", "all", or a comma list of the
-// fusions to keep), else `defaults`.
+// `defaults` narrowed by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
+// (unchanged), or a comma list of the fusions to keep. The environment only turns fusions off.
 fusion_switches fusion_switches_from_env(fusion_switches defaults);
 
 struct route_group {

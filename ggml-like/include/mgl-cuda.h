@@ -42,7 +42,7 @@ cuda_device_info cuda_info(int device = 0);
 
 // Nodes the backend runs together, decided at allocate() from the graph's structure (see
 // ggml-like/cuda/fusion.h). Each can be turned off to bisect a wrong result; the environment
-// variable MINIDS_CUDA_FUSE overrides these: "0" (none), "all", or a comma list of those to keep.
+// variable MINIDS_CUDA_FUSE turns them off too: "0" (none), or a comma list of those to keep.
 struct cuda_fusions {
     bool norm = true;      // rms_norm -> matmul (M <= 16): the matmul's RMSNorm prologue
     bool residual = true;  // matmul -> add, moe_experts -> add: the residual epilogue
