@@ -122,7 +122,8 @@ graph build_graph(context&, std::span<tensor* const> outputs) {
     return g;
 }
 
-alloc_plan plan_allocation(const graph& g, size_t alignment) {
+alloc_plan plan_allocation(const graph& g, size_t alignment,
+                           std::span<const std::pair<tensor*, tensor*>> also_reads) {
     MGL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
               "plan_allocation: alignment must be a power of two");
     std::unordered_map<const tensor*, size_t> step;  // node -> execution index
@@ -142,6 +143,12 @@ alloc_plan plan_allocation(const graph& g, size_t alignment) {
         for (tensor* s : g.nodes[i]->src) {
             if (s) use(s, i);
         }
+    }
+    for (auto [node, t] : also_reads) {
+        auto it = step.find(node);
+        MGL_CHECK(it != step.end() && t != nullptr,
+                  "plan_allocation: also_reads names a node outside the graph");
+        use(t, it->second);
     }
     std::unordered_set<const tensor*> kept;
     for (tensor* out : g.outputs) kept.insert(storage_root(out));

@@ -424,7 +424,12 @@ void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stre
             o, x_conv, g.x_bf16, copy_residual);
         CUDA_CHECK_LAUNCH();
     }
-    CUBLAS_CHECK(cublasSetStream(r.cublas, stream));
+    // cublasSetStream resets the handle's workspace to cuBLAS's own pool, which allocates during
+    // graph capture: change the stream only when it differs (the owner sets stream, then
+    // workspace, once).
+    cudaStream_t current = nullptr;
+    CUBLAS_CHECK(cublasGetStream(r.cublas, &current));
+    if (current != stream) CUBLAS_CHECK(cublasSetStream(r.cublas, stream));
     CUBLAS_CHECK(cublasSetPointerMode(r.cublas, CUBLAS_POINTER_MODE_HOST));
     const float alpha = 1.0f, beta = p.residual ? 1.0f : 0.0f;
     const bool f32 = p.w_type == mgl::dtype::f32;

@@ -35,8 +35,9 @@
 //   * never let two calls that may run concurrently (different streams) share one workspace.
 // cuBLAS: the gemm path runs on resources.cublas with its stream set to `stream` and pointer mode
 // host. cuBLAS needs a workspace of its own to be capturable: the handle's owner must call
-// cublasSetWorkspace(handle, ptr, bytes) once (e.g. 32 MiB) before capturing; cuBLAS would
-// otherwise allocate during capture.
+// cublasSetStream(handle, stream) and then cublasSetWorkspace(handle, ptr, bytes) once (e.g.
+// 32 MiB) before capturing; cuBLAS would otherwise allocate during capture. cublasSetStream
+// resets the workspace, so the launcher calls it only when the handle's stream differs.
 #pragma once
 
 #include <cublas_v2.h>

@@ -214,9 +214,12 @@ bool stream_gemv_ok(const MatmulParams& p) {
     const int64_t e = int64_t(mgl::dtype_size(p.w_type));
     const auto w = reinterpret_cast<uintptr_t>(p.w), x = reinterpret_cast<uintptr_t>(p.x);
     // x is read as float4: its rows must start 16-byte aligned too.
+    // Batch strides matter only when there is more than one batch.
+    const bool batches_ok =
+        p.batch == 1 || (p.w_batch_stride % 16 == 0 && p.x_batch_stride % 4 == 0);
     return p.m <= stream_gemv_max_m && p.w_col_stride == e && (p.k * e) % 16 == 0 && w % 16 == 0 &&
-           p.w_row_stride % 16 == 0 && p.w_batch_stride % 16 == 0 && x % 16 == 0 &&
-           p.x_row_stride % 4 == 0 && p.x_batch_stride % 4 == 0;
+           p.w_row_stride % 16 == 0 && x % 16 == 0 && (p.m == 1 || p.x_row_stride % 4 == 0) &&
+           batches_ok;
 }
 
 int stream_rows_per_warp(const MatmulParams& p) {

@@ -127,7 +127,7 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H);
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream);
 
 // The CUDA-core decode kernel (kernels/mla_decode_simt.cu): latency-first, for few query rows
-// (tiles of 16 rows = T·H), r <= 512, cache rows <= 1152 bytes (bf16) / 2304 (f32). mla_decode
+// (tiles of 4 rows of T·H), r <= 512, cache rows <= 1152 bytes (bf16) / 2304 (f32). mla_decode
 // with impl automatic takes it whenever it applies; its workspace fits in
 // mla_attn_workspace_bytes.
 bool mla_decode_simt_supported(const MlaAttnParams& p);

@@ -1,18 +1,20 @@
-// MLA decode attention for a few query rows (decode: T·H rows, tiles of 16), on CUDA cores,
+// MLA decode attention for a few query rows (decode: T·H rows, tiles of 4), on CUDA cores,
 // built for latency: a block issues its query rows and its first chunk of cache rows in one go
 // (one memory round trip), keeps the next chunk's loads in flight while it computes the current
 // one, and the split partials are merged by a second, wide kernel.
 //
-//   kernel 1, grid (max_splits, row tiles): block (s, tile) takes keys [s·chunk, (s+1)·chunk) of
+//   kernel 1, grid (max_splits, row tiles of 4): block (s, tile) takes keys [s·chunk, (s+1)·chunk)
+//   of
 //            every row of the tile; chunk and the number of splits used are computed on the device
 //            from positions[] (few splits for a short context, all of them for a long one), so
 //            one captured graph serves every step. Scores in FP32 from the bf16/f32 cache rows,
 //            online softmax (base 2), o += p·c. One split: the output is written directly.
 //   kernel 2, grid (rows, r / 64): out = Σ_s 2^(m_s − m)·o_s / Σ_s 2^(m_s − m)·l_s.
 //
-// FP32 CUDA-core math costs ~16·1088 FMA per cached token for 16 heads, which stays under the
-// bandwidth floor up to a few thousand tokens and is ~2x over it at 32K (docs/perf.md); long
-// contexts are where a tensor-core version would pay.
+// Tiles of 4 rows keep each block's arithmetic short (latency is what matters at batch 1); the
+// price is that every row tile reads the cache rows again (from L2 for the later ones), and FP32
+// CUDA-core math (~1088 FMA per cached token and head) that exceeds the bandwidth floor at long
+// contexts: a tensor-core version is what 32K contexts would want (docs/perf.md).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -25,15 +27,16 @@ namespace minids::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRows = 16;  // query rows (t, h) per block
-constexpr int kKeys = 32;  // cache rows per chunk
-constexpr int kMinKeysPerSplit = 64;
+constexpr int kRows = 4;   // query rows (t, h) per block: few, so a split's work is short
+constexpr int kKeys = 16;  // cache rows per chunk
+constexpr int kMinKeysPerSplit = 32;
 constexpr int kMergeCols = 64;
 
 struct Args {
     const uint8_t* pages;
     bool bf16;
-    int64_t page_size, max_pages, n_pages;
+    int page_size, max_pages, n_pages;
+    int page_shift;  // log2(page_size) when it is a power of two, else -1
     const int32_t* page_table;
     int r, rope, width;
     const float* q_lat;
@@ -62,7 +65,7 @@ __device__ inline Plan plan_of(const Args& a, int tile) {
         const int row = tile * kRows + i;
         if (row < a.T * a.H) mx = max(mx, a.positions[row / a.H]);
     }
-    const int64_t cap = a.max_pages * a.page_size;
+    const int64_t cap = int64_t(a.max_pages) * a.page_size;
     Plan p;
     const int64_t want_keys = int64_t(mx) + 1;
     p.n_keys = int(want_keys < cap ? want_keys : cap);
@@ -73,26 +76,19 @@ __device__ inline Plan plan_of(const Args& a, int tile) {
     return p;
 }
 
-__device__ inline const uint8_t* cache_row(const Args& a, int pos) {
-    const int64_t page = a.page_table[pos / a.page_size];
-    if (page < 0 || page >= a.n_pages) return nullptr;
-    const int64_t row = page * a.page_size + pos % a.page_size;
-    return a.pages + row * int64_t(a.width) * (a.bf16 ? 2 : 4);
+// Shared memory: q [kRows][W] f32 (pre-scaled), k [kKeys][kw] (bf16 pairs or f32 words; kw odd,
+// so the 8 keys x 4 quarters a warp reads in one step hit 32 banks), p, row statistics.
+__host__ __device__ inline int k_stride_words(bool bf16, int width) {
+    return (bf16 ? (width + 1) / 2 : width) | 1;
 }
 
-// Shared memory: q [kRows][wq] f32 (pre-scaled), k [kKeys][wk] (bf16 pairs or f32), p
-// [kRows][kKeys].
-template <bool BF16>
-__device__ inline int k_stride_words(int width) {
-    // In 4-byte words, odd so that 16 lanes reading the same column of 16 rows hit 16 banks.
-    const int words = BF16 ? (width + 1) / 2 : width;
-    return words | 1;
-}
-
-template <bool BF16>
+// WC: the row width (r + rope) as a compile-time constant for the common shape (576: index
+// arithmetic becomes multiplies), or 0 for any width read from the arguments.
+template <bool BF16, int WC>
 __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a) {
     extern __shared__ __align__(16) float smem[];
     const int tile = blockIdx.y, split = blockIdx.x, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
     const Plan plan = plan_of(a, tile);
     if (split >= plan.n_split) return;  // uniform over the block
     const int rows_total = a.T * a.H;
@@ -100,34 +96,53 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
     const int key_end = min(plan.n_keys, key0 + plan.chunk);
     const int n_chunks = (key_end - key0 + kKeys - 1) / kKeys;
 
-    const int W = a.width, r = a.r;
-    const int wq = W | 1;  // q row stride in floats
-    const int kw = k_stride_words<BF16>(W);
-    float* q_s = smem;                                              // [kRows][wq]
-    uint32_t* k_s = reinterpret_cast<uint32_t*>(q_s + kRows * wq);  // [kKeys][kw] words
-    float* p_s = reinterpret_cast<float*>(k_s + kKeys * kw);        // [kRows][kKeys]
-    float* alpha_s = p_s + kRows * kKeys;                           // [kRows]
-    int* lim_s = reinterpret_cast<int*>(alpha_s + kRows);           // [kRows]
+    const int W = WC ? WC : a.width, r = a.r;
+    const int kw = k_stride_words(BF16, W);
+    float* q_s = smem;                                             // [kRows][W]
+    uint32_t* k_s = reinterpret_cast<uint32_t*>(q_s + kRows * W);  // [kKeys][kw]
+    float* p_s = reinterpret_cast<float*>(k_s + kKeys * kw);       // [kRows][kKeys]
+    float* alpha_s = p_s + kRows * kKeys;                          // [kRows]
+    float* m_s = alpha_s + kRows;                                  // [kRows]
+    float* l_s = m_s + kRows;                                      // [kRows]
+    int* lim_s = reinterpret_cast<int*>(l_s + kRows);              // [kRows]
 
     // Cache rows are fetched as 16-byte pieces: `pieces` per row, spread over the threads.
-    const int row_bytes = W * (BF16 ? 2 : 4);
-    const int pieces = row_bytes / 16;
+    const int pieces = W * (BF16 ? 2 : 4) / 16;
     const int total = kKeys * pieces;
-    constexpr int kMaxLoads = (32 * 1152 / 16 + kThreads - 1) / kThreads * (BF16 ? 1 : 2);
+    constexpr int kMaxLoads = (kKeys * 1152 / 16 + kThreads - 1) / kThreads * (BF16 ? 1 : 2);
     uint4 buf[kMaxLoads];
+    auto page_of = [&](int pos) {
+        return a.page_shift >= 0 ? pos >> a.page_shift : pos / a.page_size;
+    };
+    auto slot_of = [&](int pos) {
+        return a.page_shift >= 0 ? pos & (a.page_size - 1) : pos % a.page_size;
+    };
+    // Branch-free: every address is clamped to a valid one, so all the page-table loads and then
+    // all the row loads of a thread go out together (two round trips per chunk); values past the
+    // chunk's end are zeroed afterwards. A page-table entry outside the pool is clamped into it
+    // (memory-safe; such a table is a caller bug the CPU backend reports).
     auto load_chunk = [&](int c) {
         const int base = key0 + c * kKeys;
+        int key[kMaxLoads], piece[kMaxLoads], page[kMaxLoads];
+#pragma unroll
+        for (int j = 0; j < kMaxLoads; ++j) {
+            const int idx = min(tid + j * kThreads, total - 1);
+            key[j] = min(base + idx / pieces, key_end - 1);
+            piece[j] = idx % pieces;
+            page[j] = a.page_table[page_of(key[j])];
+        }
+#pragma unroll
+        for (int j = 0; j < kMaxLoads; ++j) {
+            const int pg = min(max(page[j], 0), a.n_pages - 1);
+            const int64_t row = int64_t(pg) * a.page_size + slot_of(key[j]);
+            buf[j] =
+                __ldg(reinterpret_cast<const uint4*>(a.pages + row * int64_t(W) * (BF16 ? 2 : 4)) +
+                      piece[j]);
+        }
 #pragma unroll
         for (int j = 0; j < kMaxLoads; ++j) {
             const int idx = tid + j * kThreads;
-            buf[j] = make_uint4(0, 0, 0, 0);
-            if (idx < total) {
-                const int key = base + idx / pieces;
-                if (key < key_end) {
-                    const uint8_t* src = cache_row(a, key);
-                    if (src) buf[j] = __ldg(reinterpret_cast<const uint4*>(src) + idx % pieces);
-                }
-            }
+            if (idx >= total || base + idx / pieces >= key_end) buf[j] = make_uint4(0, 0, 0, 0);
         }
     };
     auto store_chunk = [&]() {
@@ -145,31 +160,45 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
     };
 
     load_chunk(0);  // in flight while q is fetched
-    for (int i = tid; i < kRows * W; i += kThreads) {
-        const int lr = i / W, col = i % W, row = tile * kRows + lr;
-        float v = 0.0f;
-        if (row < rows_total) {
+    {
+        // Every q load in flight at once (one round trip), then stored scaled for exp2.
+        constexpr int kQLoads = (kRows * 640 + kThreads - 1) / kThreads;
+        float qv[kQLoads];
+#pragma unroll
+        for (int j = 0; j < kQLoads; ++j) {  // clamped addresses, no branches: loads batch up
+            const int i = min(tid + j * kThreads, kRows * W - 1);
+            const int lr = i / W, col = i % W, row = min(tile * kRows + lr, rows_total - 1);
             const int t = row / a.H, h = row % a.H;
-            v = col < r ? a.q_lat[t * a.q_lat_st + h * a.q_lat_sh + col]
-                        : a.q_pe[t * a.q_pe_st + h * a.q_pe_sh + (col - r)];
+            const float* src = col < r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
+                                       : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - r);
+            qv[j] = __ldg(src);
         }
-        q_s[lr * wq + col] = v * a.scale_log2;
+#pragma unroll
+        for (int j = 0; j < kQLoads; ++j) {
+            const int i = tid + j * kThreads;
+            if (i >= kRows * W || tile * kRows + i / W >= rows_total) qv[j] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kQLoads; ++j) {
+            const int i = tid + j * kThreads;
+            if (i < kRows * W) q_s[i] = qv[j] * a.scale_log2;
+        }
     }
     if (tid < kRows) {
         const int row = tile * kRows + tid;
         lim_s[tid] = row < rows_total ? min(a.positions[row / a.H], plan.n_keys - 1) : -1;
     }
 
-    // Scores: thread -> (row sr, keys sk and sk + 16).
-    const int sr = tid / 16, sk = tid % 16;
-    // Values: thread -> columns 2·tid + 512·j, all rows.
-    constexpr int kColIters = 1;  // r <= 512
-    float acc[kColIters][kRows][2];
+    // Scores: thread -> (row, key, quarter of the dims); the 4 quarters are adjacent lanes.
+    const int s_quarter = tid % 4, s_key = (tid / 4) % kKeys, s_row = tid / (4 * kKeys);
+    const int n_words = BF16 ? W / 2 : W, q_words = (n_words + 3) / 4;
+    const int w_begin = s_quarter * q_words, w_end = min(n_words, w_begin + q_words);
+    // Values: thread -> 2 columns, all rows.
+    const int col = 2 * tid;
+    float acc[kRows][2];
 #pragma unroll
-    for (int j = 0; j < kColIters; ++j)
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) acc[j][i][0] = acc[j][i][1] = 0.0f;
-    float m_run = -INFINITY, l_run = 0.0f;  // per row, held by thread `row` (tid < kRows)
+    for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    float m_run = -INFINITY, l_run = 0.0f;  // row `warp` (warps < kRows), uniform in the warp
 
     for (int c = 0; c < n_chunks; ++c) {
         __syncthreads();  // the previous chunk's k_s and p_s are no longer read
@@ -178,63 +207,62 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
         __syncthreads();
         const int kbase = key0 + c * kKeys;
 
-        // 1) scores s[row][key] = q_row · k_key (scaled, base 2), masked past the row's limit.
-        float s0 = 0.0f, s1 = 0.0f;
-        const float* qr = q_s + sr * wq;
-        const uint32_t* k0 = k_s + sk * kw;
-        const uint32_t* k1 = k_s + (sk + 16) * kw;
-        if constexpr (BF16) {
-#pragma unroll 8
-            for (int w = 0; w < W / 2; ++w) {
-                const float qa = qr[2 * w], qb = qr[2 * w + 1];
-                const uint32_t u0 = k0[w], u1 = k1[w];
-                s0 = fmaf(qa, __uint_as_float(u0 << 16), s0);
-                s0 = fmaf(qb, __uint_as_float(u0 & 0xffff0000u), s0);
-                s1 = fmaf(qa, __uint_as_float(u1 << 16), s1);
-                s1 = fmaf(qb, __uint_as_float(u1 & 0xffff0000u), s1);
+        // 1) scores over a quarter of the dims each, summed across the quarter lanes.
+        {
+            const float* qr = q_s + s_row * W;
+            const uint32_t* kr = k_s + s_key * kw;
+            float sa = 0.0f, sb = 0.0f;
+            if constexpr (BF16) {
+#pragma unroll 4
+                for (int w = w_begin; w < w_end; ++w) {
+                    const uint32_t u = kr[w];
+                    sa = fmaf(qr[2 * w], __uint_as_float(u << 16), sa);
+                    sb = fmaf(qr[2 * w + 1], __uint_as_float(u & 0xffff0000u), sb);
+                }
+            } else {
+#pragma unroll 4
+                for (int w = w_begin; w < w_end; w += 2) {
+                    sa = fmaf(qr[w], __uint_as_float(kr[w]), sa);
+                    if (w + 1 < w_end) sb = fmaf(qr[w + 1], __uint_as_float(kr[w + 1]), sb);
+                }
             }
-        } else {
-#pragma unroll 8
-            for (int w = 0; w < W; ++w) {
-                s0 = fmaf(qr[w], __uint_as_float(k0[w]), s0);
-                s1 = fmaf(qr[w], __uint_as_float(k1[w]), s1);
-            }
+            float sc = sa + sb;
+            sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+            sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+            if (s_quarter == 0) p_s[s_row * kKeys + s_key] = sc;
         }
-        const int lim = lim_s[sr];
-        p_s[sr * kKeys + sk] = kbase + sk <= lim ? s0 : -INFINITY;
-        p_s[sr * kKeys + sk + 16] = kbase + sk + 16 <= lim ? s1 : -INFINITY;
         __syncthreads();
 
-        // 2) online softmax per row, by thread `row`: chunk max, p = 2^(s − m), running sums.
-        if (tid < kRows) {
-            float m_chunk = -INFINITY;
-            for (int k = 0; k < kKeys; ++k) m_chunk = fmaxf(m_chunk, p_s[tid * kKeys + k]);
-            const float m_new = fmaxf(m_run, m_chunk);
-            const float a_corr = m_new == -INFINITY ? 1.0f : exp2f(m_run - m_new);
-            float sum = 0.0f;
-            for (int k = 0; k < kKeys; ++k) {
-                const float sc = p_s[tid * kKeys + k];
-                const float pr = sc == -INFINITY ? 0.0f : exp2f(sc - m_new);
-                p_s[tid * kKeys + k] = pr;
-                sum += pr;
-            }
-            l_run = l_run * a_corr + sum;
+        // 2) online softmax (base 2): warp `row`, keys on lanes 0..kKeys-1.
+        if (warp < kRows) {
+            const int row = warp;
+            float sc = lane < kKeys ? p_s[row * kKeys + lane] : -INFINITY;
+            if (kbase + lane > lim_s[row]) sc = -INFINITY;
+            float mx = sc;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(m_run, mx);
+            const float corr = m_new == -INFINITY ? 1.0f : exp2f(m_run - m_new);
+            const float pr = sc == -INFINITY ? 0.0f : exp2f(sc - m_new);
+            float sum = pr;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            l_run = l_run * corr + sum;
             m_run = m_new;
-            alpha_s[tid] = a_corr;
+            if (lane < kKeys) p_s[row * kKeys + lane] = pr;
+            if (lane == 0) alpha_s[row] = corr;
         }
         __syncthreads();
 
         // 3) o[row][col] = o·alpha + Σ_k p[row][k] · c_k[col]
-#pragma unroll
-        for (int j = 0; j < kColIters; ++j) {
-            const int col = 2 * tid + j * 2 * kThreads;
-            if (col >= r) break;
+        if (col < r) {
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
                 const float al = alpha_s[i];
-                acc[j][i][0] *= al;
-                acc[j][i][1] *= al;
+                acc[i][0] *= al;
+                acc[i][1] *= al;
             }
+#pragma unroll
             for (int k = 0; k < kKeys; ++k) {
                 float v0, v1;
                 if constexpr (BF16) {
@@ -247,34 +275,30 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
                 }
 #pragma unroll
                 for (int i = 0; i < kRows; ++i) {
-                    const float p = p_s[i * kKeys + k];
-                    acc[j][i][0] = fmaf(p, v0, acc[j][i][0]);
-                    acc[j][i][1] = fmaf(p, v1, acc[j][i][1]);
+                    const float pr = p_s[i * kKeys + k];
+                    acc[i][0] = fmaf(pr, v0, acc[i][0]);
+                    acc[i][1] = fmaf(pr, v1, acc[i][1]);
                 }
             }
         }
     }
 
     // Row statistics to shared memory for every thread.
-    __syncthreads();
-    if (tid < kRows) {
-        alpha_s[tid] = m_run;
-        p_s[tid] = l_run;
+    if (warp < kRows && lane == 0) {
+        m_s[warp] = m_run;
+        l_s[warp] = l_run;
     }
     __syncthreads();
     const bool direct = plan.n_split == 1;
-#pragma unroll
-    for (int j = 0; j < kColIters; ++j) {
-        const int col = 2 * tid + j * 2 * kThreads;
-        if (col >= r) break;
+    if (col < r) {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int row = tile * kRows + i;
             if (row >= rows_total) break;
-            float v0 = acc[j][i][0], v1 = acc[j][i][1];
+            float v0 = acc[i][0], v1 = acc[i][1];
             float* dst;
             if (direct) {
-                const float l = p_s[i];
+                const float l = l_s[i];
                 const float inv = l > 0.0f ? 1.0f / l : 0.0f;
                 v0 *= inv;
                 v1 *= inv;
@@ -288,8 +312,8 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
     if (!direct && tid < kRows) {
         const int row = tile * kRows + tid;
         if (row < rows_total) {
-            a.ws_m[int64_t(split) * rows_total + row] = alpha_s[tid];
-            a.ws_l[int64_t(split) * rows_total + row] = p_s[tid];
+            a.ws_m[int64_t(split) * rows_total + row] = m_s[tid];
+            a.ws_l[int64_t(split) * rows_total + row] = l_s[tid];
         }
     }
 }
@@ -339,10 +363,8 @@ __global__ void __launch_bounds__(kThreads) mla_decode_merge_kernel(const Args a
 }
 
 size_t smem_bytes(bool bf16, int width) {
-    const int wq = width | 1;
-    const int kw = bf16 ? (((width + 1) / 2) | 1) : (width | 1);
-    return size_t(kRows) * wq * 4 + size_t(kKeys) * kw * 4 + size_t(kRows) * kKeys * 4 + kRows * 4 +
-           kRows * 4;
+    return size_t(kRows) * width * 4 + size_t(kKeys) * k_stride_words(bf16, width) * 4 +
+           size_t(kRows) * kKeys * 4 + 4 * kRows * 4;
 }
 
 [[noreturn]] void bad(const std::string& what) {
@@ -375,9 +397,15 @@ void mla_decode_simt(const MlaAttnParams& p, cudaStream_t stream) {
     Args a{};
     a.pages = static_cast<const uint8_t*>(c.pages);
     a.bf16 = c.type == mgl::dtype::bf16;
-    a.page_size = c.page_size;
-    a.max_pages = c.max_pages;
-    a.n_pages = c.n_pages;
+    if (c.page_size < 1 || c.page_size > (1 << 20) || c.max_pages > (1 << 30) ||
+        c.n_pages > (1 << 30) || c.n_pages < 1)
+        bad("page size / page counts out of range");
+    a.page_size = int(c.page_size);
+    a.page_shift = -1;
+    for (int b = 0; b < 21; ++b)
+        if ((int64_t(1) << b) == c.page_size) a.page_shift = b;
+    a.max_pages = int(c.max_pages);
+    a.n_pages = int(c.n_pages);
     a.page_table = c.page_table;
     a.r = int(c.kv_lora_rank);
     a.rope = int(c.rope_dim);
@@ -409,14 +437,16 @@ void mla_decode_simt(const MlaAttnParams& p, cudaStream_t stream) {
     }
     const size_t smem = smem_bytes(a.bf16, a.width);
     const dim3 grid(unsigned(p.max_splits), unsigned((rows + kRows - 1) / kRows));
-    if (a.bf16) {
-        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_simt_kernel<true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        mla_decode_simt_kernel<true><<<grid, kThreads, smem, stream>>>(a);
+    auto launch = [&](auto kernel) {
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        kernel<<<grid, kThreads, smem, stream>>>(a);
+    };
+    if (a.width == 576) {  // DeepSeek-V2 / V2-Lite: r 512 + rope 64
+        a.bf16 ? launch(mla_decode_simt_kernel<true, 576>)
+               : launch(mla_decode_simt_kernel<false, 576>);
     } else {
-        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_simt_kernel<false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        mla_decode_simt_kernel<false><<<grid, kThreads, smem, stream>>>(a);
+        a.bf16 ? launch(mla_decode_simt_kernel<true, 0>) : launch(mla_decode_simt_kernel<false, 0>);
     }
     CUDA_CHECK_LAUNCH();
     if (p.max_splits > 1) {

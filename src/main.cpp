@@ -1,4 +1,4 @@
-// minids: one binary, subcommands (run, chat, convert, bench, info, tokenize).
+// minids: one binary, subcommands (run, chat, convert, bench, info, tokenize, routing).
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     minids::cli::add_bench_command(app, exit_code);
     minids::cli::add_info_command(app, exit_code);
     minids::cli::add_tokenize_command(app, exit_code);
+    minids::cli::add_routing_command(app, exit_code);
     // llama.cpp spells some flags with one dash and several letters (-sys, -ngl); CLI11 knows only
     // one-letter short flags and would read "-ngl 99" as "-n gl 99". Those minids implements are
     // renamed to their long form; any other such word is refused rather than split.

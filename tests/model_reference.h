@@ -130,10 +130,12 @@ private:
         return it->second.values;
     }
 
-    Vec rms_norm(const Vec& x, const Vec& w) const {
+    // eps: rms_norm_eps for the layer norms; the latent norms (q_a, kv_a) use DeepSeek's fixed
+    // default 1e-6 (see src/model/deepseek2.cpp).
+    Vec rms_norm(const Vec& x, const Vec& w, double eps = -1.0) const {
         double ss = 0.0;
         for (double v : x) ss += v * v;
-        double inv = 1.0 / std::sqrt(ss / double(x.size()) + c_.rms_norm_eps);
+        double inv = 1.0 / std::sqrt(ss / double(x.size()) + (eps < 0 ? c_.rms_norm_eps : eps));
         Vec y(x.size());
         for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * x[i] * inv;
         return y;
@@ -223,14 +225,15 @@ private:
         for (int64_t t = 0; t < T; ++t) {
             if (c_.q_lora_rank) {
                 Vec qa = linear(xn[size_t(t)], get(p + "q_a_proj.weight"), *c_.q_lora_rank);
-                q[size_t(t)] = linear(rms_norm(qa, get(p + "q_a_layernorm.weight")),
+                q[size_t(t)] = linear(rms_norm(qa, get(p + "q_a_layernorm.weight"), 1e-6),
                                       get(p + "q_b_proj.weight"), H * dq);
             } else {
                 q[size_t(t)] = linear(xn[size_t(t)], get(p + "q_proj.weight"), H * dq);
             }
             for (int64_t h = 0; h < H; ++h) rope(q[size_t(t)], size_t(h * dq + nope), t);
             Vec kv = linear(xn[size_t(t)], get(p + "kv_a_proj_with_mqa.weight"), r + rope_d);
-            Vec cn = rms_norm(Vec(kv.begin(), kv.begin() + r), get(p + "kv_a_layernorm.weight"));
+            Vec cn =
+                rms_norm(Vec(kv.begin(), kv.begin() + r), get(p + "kv_a_layernorm.weight"), 1e-6);
             Vec kpe(kv.begin() + r, kv.end());
             rope(kpe, 0, t);
             if (on_latent) on_latent(layer, t, cn, kpe);

@@ -17,6 +17,9 @@
 #include "mds/reader.h"
 #include "mgl.h"
 #include "model/deepseek2.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
 #include "safetensors_io.h"
 #include "test_util.h"
 
@@ -91,6 +94,21 @@ double worst_position_error(std::span<const float> got, size_t n_pos, size_t voc
         worst = std::max(worst, max_diff / max_ref);
     }
     return worst;
+}
+
+// Plain argmax continuation of `prompt` for n tokens (EOS not special, as in the references).
+inline std::vector<int32_t> greedy_tokens(Session& s, std::span<const int32_t> prompt, int64_t n) {
+    SamplerParams sp;
+    sp.temp = 0.0f;
+    Sampler sampler(sp, s.n_ctx());
+    GenerateParams gp;
+    gp.n_predict = n;
+    std::vector<int32_t> out;
+    generate(s, sampler, prompt, gp, [&](int32_t id) {
+        out.push_back(id);
+        return true;
+    });
+    return out;
 }
 
 }  // namespace minids::test

@@ -228,7 +228,10 @@ Problem make_problem(const Case& c) {
 }
 
 bool gemm_bf16(const kernels::MatmulParams& p) {
-    return kernels::matmul_choose_path(p) == MatmulPath::gemm && p.w_type != mgl::dtype::f32;
+    const bool gemm =
+        p.path == MatmulPath::gemm ||
+        (p.path == MatmulPath::automatic && kernels::matmul_choose_path(p) == MatmulPath::gemm);
+    return gemm && p.w_type != mgl::dtype::f32;
 }
 
 // Runs the case (twice, so split-K counters are seen to reset) and checks it. Returns the error.

@@ -7,9 +7,7 @@
 
 #include "model_reference.h"
 #include "model_test_util.h"
-#include "runtime/generate.h"
 #include "runtime/kv_cache.h"
-#include "runtime/sampler.h"
 #include "runtime/session.h"
 
 using namespace minids;
@@ -22,20 +20,6 @@ SessionParams small_session(int64_t n_ctx = 512, int64_t page_size = 64) {
     p.n_ctx = n_ctx;
     p.page_size = page_size;
     return p;
-}
-
-std::vector<int32_t> greedy_tokens(Session& s, std::span<const int32_t> prompt, int64_t n) {
-    SamplerParams sp;
-    sp.temp = 0.0f;
-    Sampler sampler(sp, s.n_ctx());
-    GenerateParams gp;
-    gp.n_predict = n;  // the reference does not stop at EOS
-    std::vector<int32_t> out;
-    generate(s, sampler, prompt, gp, [&](int32_t id) {
-        out.push_back(id);
-        return true;
-    });
-    return out;
 }
 
 }  // namespace

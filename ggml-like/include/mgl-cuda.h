@@ -1,10 +1,20 @@
 // mgl's CUDA backend: the same ops as the CPU backend, run on one CUDA device (ggml-like/cuda/).
 //
 // Tensors live in device memory (alloc_buffer) or in host memory registered with the device
-// (register_host: kernels read it over PCIe). compute() enqueues every node on the backend's
-// stream and returns; a graph marked `reusable` is captured as a CUDA graph on its first compute
-// and replayed afterwards, so a decode step costs one graph launch. Everything a step changes
-// (token, positions, page table, expert table) is a tensor the caller rewrites between replays.
+// (register_host: kernels read it over PCIe); allocate() refuses a leaf the device cannot read,
+// naming it. allocate() also decides which nodes run fused (cuda_fusions), builds every kernel's
+// parameters once and sizes one workspace for the largest need. compute() enqueues the launches
+// on the backend's stream and returns. A graph marked `reusable` runs eagerly on its first
+// compute (a warm-up: lazy module loading, cuBLAS setup), is captured as a CUDA graph on the
+// second and replayed afterwards, so a decode step costs one graph launch; it is captured again
+// after allocate() or when the workspace had to grow. Everything a step changes (token,
+// positions, page table, expert table) is a tensor the caller rewrites between replays.
+//
+// What it cannot run (supports_op says so, allocate() names the node and the reason): integer
+// get_rows tables, strided norm weights, positions or page tables; moe_* with more than 1024
+// experts, more than 32 per token, n_embd above 12288 or non-contiguous ids / weights; kv_store
+// and mla_attn over non-contiguous pages, kv_lora_rank not a multiple of 8 in [8, 512] or a rope
+// dim not a multiple of 8 in [8, 128].
 //
 // In a build without CUDA the functions below exist: cuda_available() is false and
 // make_cuda_backend() throws mgl::error.
@@ -30,12 +40,49 @@ struct cuda_device_info {
 bool cuda_available();
 cuda_device_info cuda_info(int device = 0);
 
+// Nodes the backend runs together, decided at allocate() from the graph's structure (see
+// ggml-like/cuda/fusion.h). Each can be turned off to bisect a wrong result; the environment
+// variable MINIDS_CUDA_FUSE turns them off too: "0" (none), or a comma list of those to keep.
+struct cuda_fusions {
+    bool norm = true;      // rms_norm -> matmul (M <= 16): the matmul's RMSNorm prologue
+    bool residual = true;  // matmul -> add, moe_experts -> add: the residual epilogue
+    bool route = true;     // softmax -> moe_topk -> moe_weights: one moe_route launch
+    bool mla_prep = true;  // rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): mla_prep
+};
+
 struct cuda_options {
     int device = 0;
     // Capture graphs marked reusable as CUDA graphs and replay them; false runs every node
-    // eagerly (the independent path the replay is validated against).
+    // eagerly (the independent path the replay is validated against). MINIDS_CUDA_GRAPHS=0
+    // forces false.
     bool graphs = true;
+    cuda_fusions fuse;
+    // Programmatic dependent launch for the tensor-core gemv matmuls (they start streaming their
+    // weights while the previous kernel finishes). MINIDS_CUDA_PDL=0 forces false.
+    bool pdl = true;
 };
 std::unique_ptr<backend> make_cuda_backend(const cuda_options& options = {});
+
+// Device-to-device copy bandwidth of device 0 in GB/s (bytes read + written, median of repeats
+// over a 1 GiB buffer): the ceiling benchmarks report floors against. 0 without a device.
+double cuda_copy_bandwidth_gbs();
+
+// Debugging aids, read from the environment when a backend is made:
+//   MINIDS_CUDA_VERBOSE=1  one line per allocate() (launches, fusions, memory) and per capture;
+//   MINIDS_CUDA_SYNC=1     no capture; synchronize after every launch and name the one that
+//                          failed (a fault otherwise surfaces at the next synchronize()).
+
+// What a CUDA backend decided for an allocated graph (tests and logs). Throws mgl::error when
+// `be` is not a CUDA backend.
+struct cuda_graph_info {
+    bool known = false;  // allocated by this backend
+    size_t nodes = 0;
+    size_t launches = 0;  // steps compute() enqueues (a fused group is one)
+    int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
+    bool captured = false;        // a CUDA graph is recorded for it
+    uint64_t graph_launches = 0;  // computes served by launching the recorded CUDA graph
+    uint64_t eager_runs = 0;      // computes run launch by launch
+};
+cuda_graph_info cuda_graph_info_of(backend& be, const graph& g);
 
 }  // namespace mgl

@@ -294,11 +294,15 @@ uint64_t new_graph_version();
 // Plan memory for the graph's intermediates: each non-view node without data gets an offset in
 // one arena; a node's memory is released after its last consumer runs and reused by later nodes
 // (outputs are kept alive). Returns the arena size. Backends call this inside allocate().
+// `also_reads` is for backends that fuse nodes: a pair (node, t) says that when `node`'s step runs
+// it also reads t (a fused group runs at the step of its last member, reading the sources of every
+// member), so t's memory stays live, and is not reused, until that step.
 struct alloc_plan {
     size_t arena_bytes = 0;
     std::vector<std::pair<tensor*, size_t>> offsets;  // node -> byte offset in arena
 };
-alloc_plan plan_allocation(const graph& g, size_t alignment = 64);
+alloc_plan plan_allocation(const graph& g, size_t alignment = 64,
+                           std::span<const std::pair<tensor*, tensor*>> also_reads = {});
 
 struct buffer;
 // The tensor whose memory t aliases: src[0] for view and kv_store, src[1] (dst) for cpy; else null.

@@ -1,16 +1,254 @@
-// minids bench — placeholder until implemented.
+// minids bench: llama-bench's shape. Prompt processing (pp) and text generation (tg) tests at
+// optional context depths, repeated after a warm-up, tok/s as mean ± sd, and for tg the floor
+// the memory allows: the bytes one decode token must read (active weights + the KV cache at that
+// depth) over the measured device bandwidth.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_session.h"
+#include "cli/routing_flags.h"
+#include "mgl-cuda.h"
+#include "runtime/interrupt.h"
+#include "runtime/session.h"
 
 namespace minids::cli {
 
+namespace {
+
+struct BenchOptions {
+    ModelFlags model;
+    std::vector<int64_t> n_prompt{512};
+    std::vector<int64_t> n_gen{128};
+    std::vector<int64_t> depth{0};
+    int reps = 5;
+    std::string output = "md";
+    RoutingFlags routing;
+};
+
+struct BenchRow {
+    std::string test;
+    int64_t n_prompt = 0, n_gen = 0, depth = 0;
+    std::vector<double> tok_s;  // one per repetition
+    double mean = 0.0, sd = 0.0;
+    double floor_tok_s = 0.0;  // 0: not applicable
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes one decoded token must read at `depth` cached tokens: every dense weight except the
+// embedding table (one row of it), the k routed experts of every MoE layer, the cache rows.
+double decode_bytes(const LoadedModel& m, int64_t depth) {
+    const ModelConfig& c = m.model->config();
+    double bytes = 0.0;
+    for (const auto& t : m.file->tensors()) {
+        if (t.name == "model.embed_tokens.weight") {
+            bytes += double(t.nbytes) / double(c.vocab_size);
+            if (c.tie_word_embeddings) bytes += double(t.nbytes);  // it is the lm_head too
+        } else {
+            bytes += double(t.nbytes);
+        }
+    }
+    bytes += double(m.model->moe_layers().size()) * double(c.num_experts_per_tok) *
+             double(m.file->experts().blob_nbytes);
+    bytes += double(depth) * double(c.num_hidden_layers) * double(c.kv_cache_width()) *
+             double(mgl::dtype_size(m.session_params.kv_type));
+    return bytes;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
+    std::vector<int32_t> v(size_t(std::max<int64_t>(n, 0)));
+    for (auto& t : v) t = int32_t(dist(rng));
+    return v;
+}
+
+void finish(BenchRow& r) {
+    double sum = 0.0;
+    for (double v : r.tok_s) sum += v;
+    r.mean = r.tok_s.empty() ? 0.0 : sum / double(r.tok_s.size());
+    double ss = 0.0;
+    for (double v : r.tok_s) ss += (v - r.mean) * (v - r.mean);
+    r.sd = r.tok_s.size() > 1 ? std::sqrt(ss / double(r.tok_s.size() - 1)) : 0.0;
+}
+
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+int bench(BenchOptions o) {
+    const auto interrupt = std::make_unique<InterruptHandler>();
+    // The context each test needs, unless -c asks for more.
+    int64_t need = 1;
+    for (int64_t d : o.depth)
+        for (int64_t p : o.n_prompt) need = std::max(need, d + p);
+    for (int64_t d : o.depth)
+        for (int64_t n : o.n_gen) need = std::max(need, d + n);
+    o.model.n_ctx = std::max(o.model.n_ctx, need);
+    LoadedModel m = load_model(o.model, "bench");
+    const ModelConfig& c = m.model->config();
+    const bool gpu = std::string(m.backend->name()) != "cpu";
+    const double bandwidth = gpu ? mgl::cuda_copy_bandwidth_gbs() : 0.0;
+    if (gpu) std::fprintf(stderr, "minids bench: device copy bandwidth %.0f GB/s\n", bandwidth);
+
+    Session session(*m.model, *m.backend, m.session_params);
+    RoutingHooks routing(o.routing, m, "bench");
+    routing.install(session);
+
+    std::vector<BenchRow> rows;
+    for (int64_t d : o.depth) {
+        // The depth's context is prefilled once (untimed) and each repetition truncates back to
+        // it, so a repetition measures only its own tokens.
+        session.truncate(0);
+        if (d > 0) {
+            std::fprintf(stderr, "minids bench: prefilling a context of %lld tokens ...\n",
+                         (long long)d);
+            session.eval(random_tokens(d, c.vocab_size, 7));
+        }
+        const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
+        auto run = [&](const std::string& name, int64_t np, int64_t ng) {
+            BenchRow r;
+            r.test = name + at;
+            r.n_prompt = np;
+            r.n_gen = ng;
+            r.depth = d;
+            const auto prompt = random_tokens(np, c.vocab_size, 11);
+            const auto gen = random_tokens(ng, c.vocab_size, 13);
+            for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture etc.)
+                if (interrupt->requested()) throw UserError("interrupted");
+                session.truncate(d);
+                const auto t0 = std::chrono::steady_clock::now();
+                if (np > 0) session.eval(prompt);
+                for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
+                const double s = seconds_since(t0);
+                if (rep >= 0) r.tok_s.push_back(double(np + ng) / s);
+            }
+            finish(r);
+            if (ng > 0 && np == 0 && bandwidth > 0.0)
+                r.floor_tok_s = bandwidth * 1e9 / decode_bytes(m, d + ng / 2);
+            std::fprintf(stderr, "minids bench: %-20s %10.2f ± %.2f tok/s\n", r.test.c_str(),
+                         r.mean, r.sd);
+            rows.push_back(r);
+        };
+        for (int64_t p : o.n_prompt)
+            if (p > 0) run("pp" + std::to_string(p), p, 0);
+        for (int64_t n : o.n_gen)
+            if (n > 0) run("tg" + std::to_string(n), 0, n);
+    }
+    routing.write();
+
+    const std::string model_name = std::filesystem::path(m.file->path()).filename().string();
+    double weight_bytes = 0.0;
+    for (const auto& t : m.file->tensors()) weight_bytes += double(t.nbytes);
+    weight_bytes += double(m.file->experts().blobs.size()) * double(m.file->experts().blob_nbytes);
+    uint64_t params = 0;
+    for (const auto& t : m.file->tensors()) {
+        uint64_t n = 1;
+        for (int64_t s : t.shape) n *= uint64_t(s);
+        params += n;
+    }
+    params += uint64_t(m.file->experts().blobs.size()) * 3 * uint64_t(c.hidden_size) *
+              uint64_t(c.moe_intermediate_size);
+    const std::string experts =
+        m.file->experts().present ? mgl::dtype_name(m.file->experts().dtype) : "-";
+    const std::string backend = m.backend->name();
+
+    if (o.output == "json") {
+        nlohmann::json out = nlohmann::json::array();
+        for (const BenchRow& r : rows) {
+            out.push_back({{"model", model_name},
+                           {"size_bytes", weight_bytes},
+                           {"params", params},
+                           {"backend", backend},
+                           {"expert_dtype", experts},
+                           {"kv_type", mgl::dtype_name(m.session_params.kv_type)},
+                           {"test", r.test},
+                           {"n_prompt", r.n_prompt},
+                           {"n_gen", r.n_gen},
+                           {"n_depth", r.depth},
+                           {"reps", r.tok_s.size()},
+                           {"avg_ts", r.mean},
+                           {"stddev_ts", r.sd},
+                           {"samples_ts", r.tok_s},
+                           {"floor_ts", r.floor_tok_s},
+                           {"bandwidth_gbs", bandwidth}});
+        }
+        std::printf("%s\n", out.dump(2).c_str());
+    } else if (o.output == "csv") {
+        std::printf(
+            "model,size_bytes,params,backend,expert_dtype,test,n_prompt,n_gen,n_depth,"
+            "avg_ts,stddev_ts,floor_ts\n");
+        for (const BenchRow& r : rows) {
+            std::printf("%s,%.0f,%llu,%s,%s,%s,%lld,%lld,%lld,%.3f,%.3f,%.3f\n", model_name.c_str(),
+                        weight_bytes, (unsigned long long)params, backend.c_str(), experts.c_str(),
+                        r.test.c_str(), (long long)r.n_prompt, (long long)r.n_gen,
+                        (long long)r.depth, r.mean, r.sd, r.floor_tok_s);
+        }
+    } else {
+        std::printf(
+            "| model | size | params | backend | experts | KV | test | t/s | floor t/s | "
+            "of floor |\n");
+        std::printf("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+        for (const BenchRow& r : rows) {
+            const bool floor = r.floor_tok_s > 0.0;
+            std::printf("| %s | %.2f GiB | %.2f B | %s | %s | %s | %s | %.2f ± %.2f | %s | %s |\n",
+                        model_name.c_str(), weight_bytes / double(1ull << 30), double(params) / 1e9,
+                        backend.c_str(), experts.c_str(), mgl::dtype_name(m.session_params.kv_type),
+                        r.test.c_str(), r.mean, r.sd,
+                        floor ? fmt("%.0f", r.floor_tok_s).c_str() : "-",
+                        floor ? fmt("%.0f%%", 100.0 * r.mean / r.floor_tok_s).c_str() : "-");
+        }
+    }
+    return exit_ok;
+}
+
+}  // namespace
+
 void add_bench_command(CLI::App& app, int& exit_code) {
-    auto* cmd = app.add_subcommand("bench", "(not implemented yet)");
-    cmd->callback([&exit_code] {
-        std::fprintf(stderr, "minids bench: not implemented yet\n");
-        exit_code = exit_failure;
-    });
+    auto* cmd = app.add_subcommand(
+        "bench",
+        "benchmark prompt processing (ppN) and text generation (tgN) like llama-bench: tok/s "
+        "mean ± sd over repetitions after a warm-up, with the memory-bandwidth floor for tg");
+    auto opts = std::make_shared<BenchOptions>();
+    add_model_flags(*cmd, opts->model);
+    cmd->add_option("-p,--n-prompt", opts->n_prompt,
+                    "prompt lengths to time, comma-separated (0: no pp test)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    cmd->add_option("-n,--n-gen", opts->n_gen,
+                    "numbers of tokens to generate, comma-separated (0: no tg test)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    cmd->add_option("-d,--n-depth", opts->depth,
+                    "context depths: tokens already in the cache before each test, comma-"
+                    "separated")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    cmd->add_option("-r,--repetitions", opts->reps, "timed repetitions of each test")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    cmd->add_option("-o,--output", opts->output, "output format: md, json or csv")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"md", "json", "csv"}));
+    add_routing_flags(*cmd, opts->routing);
+    cmd->callback(
+        [opts, &exit_code] { exit_code = run_guarded("bench", [&] { return bench(*opts); }); });
 }
 
 }  // namespace minids::cli

@@ -15,6 +15,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
+#include "cli/routing_flags.h"
 #include "runtime/generate.h"
 #include "runtime/interrupt.h"
 #include "runtime/session.h"
@@ -32,6 +33,7 @@ struct ChatOptions {
     bool escape = false;                       // -e
     std::vector<std::string> reverse_prompts;  // -r
     bool ignore_eos = false;
+    RoutingFlags routing;
 };
 
 constexpr const char* kHelp =
@@ -226,9 +228,9 @@ int chat(const ChatOptions& o) {
     // What an answer may need: -n when given, else a quarter of the context.
     const int64_t answer_room = o.n_predict > 0 ? std::min(o.n_predict, n_ctx / 2) : n_ctx / 4;
 
-    SessionParams sp;
-    sp.n_ctx = n_ctx;
-    Session session(*m.model, *m.backend, sp);
+    Session session(*m.model, *m.backend, m.session_params);
+    RoutingHooks routing(o.routing, m, "chat");  // the trace is written when chat returns
+    routing.install(session);
     Sampler sampler(o.sampling, n_ctx);
     InterruptHandler interrupt;
     LineReader in;
@@ -357,6 +359,7 @@ void add_chat_command(CLI::App& app, int& exit_code) {
         ->allow_extra_args(false);
     cmd->add_flag("--ignore-eos", opts->ignore_eos,
                   "never end an answer at end of sequence: the EOS token is not sampled");
+    add_routing_flags(*cmd, opts->routing);
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("chat", [&] { return chat(*opts); }); });
 }

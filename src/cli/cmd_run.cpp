@@ -15,6 +15,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "cli/model_session.h"
+#include "cli/routing_flags.h"
 #include "runtime/generate.h"
 #include "runtime/interrupt.h"
 #include "runtime/npy.h"
@@ -41,6 +42,7 @@ struct RunOptions {
     bool escape = false;                       // -e
     std::vector<std::string> reverse_prompts;  // -r
     bool ignore_eos = false;
+    RoutingFlags routing;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
@@ -159,9 +161,9 @@ int run(const RunOptions& o) {
     }
     // -n beyond the room left generates until the context is full, as llama.cpp does.
 
-    SessionParams sp;
-    sp.n_ctx = o.model.n_ctx;
-    Session session(*m.model, *m.backend, sp);
+    Session session(*m.model, *m.backend, m.session_params);
+    RoutingHooks routing(o.routing, m, "run");
+    routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);
     InterruptHandler interrupt;
     StreamingDetokenizer detok(*m.tokenizer, /*skip_special=*/false);
@@ -218,6 +220,7 @@ int run(const RunOptions& o) {
     if (output_failed)
         throw OutputError(std::string("stdout: cannot write the output: ") +
                           std::strerror(output_errno));
+    routing.write();
     if (!o.dump_logits.empty()) {
         write_npy_f32(o.dump_logits, prompt_logits, {n_prompt, cfg.vocab_size});
         std::fprintf(stderr, "minids run: wrote logits [%lld, %lld] to %s\n", (long long)n_prompt,
@@ -280,6 +283,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
         ->allow_extra_args(false);
     cmd->add_flag("--ignore-eos", opts->ignore_eos,
                   "never stop at end of sequence: the EOS token is not sampled (as llama.cpp)");
+    add_routing_flags(*cmd, opts->routing);
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("run", [&] { return run(*opts); }); });
 }

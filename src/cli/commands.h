@@ -26,5 +26,6 @@ void add_convert_command(CLI::App& app, int& exit_code);   // cmd_convert.cpp
 void add_info_command(CLI::App& app, int& exit_code);      // cmd_info.cpp
 void add_tokenize_command(CLI::App& app, int& exit_code);  // cmd_tokenize.cpp
 void add_bench_command(CLI::App& app, int& exit_code);     // cmd_bench.cpp
+void add_routing_command(CLI::App& app, int& exit_code);   // cmd_routing.cpp
 
 }  // namespace minids::cli

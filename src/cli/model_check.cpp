@@ -4,11 +4,12 @@
 
 namespace minids::cli {
 
-CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backend) {
+CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backend,
+                         const WeightOptions& options) {
     CheckedModel m;
     const std::string path = file->path();
     m.file = std::move(file);
-    m.model = std::make_unique<Deepseek2Model>(*m.file, backend);
+    m.model = std::make_unique<Deepseek2Model>(*m.file, backend, options);
     try {
         m.tokenizer = std::make_unique<Tokenizer>(m.file->tokenizer());
     } catch (const TokenizerError& e) {
@@ -28,8 +29,9 @@ CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backe
     return m;
 }
 
-CheckedModel open_checked_model(const std::string& path, mgl::backend& backend) {
-    return check_model(mds::MdsFile::open(path), backend);
+CheckedModel open_checked_model(const std::string& path, mgl::backend& backend,
+                                const WeightOptions& options) {
+    return check_model(mds::MdsFile::open(path), backend, options);
 }
 
 }  // namespace minids::cli

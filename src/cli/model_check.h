@@ -23,9 +23,11 @@ struct CheckedModel {
 
 // Opens `path` and runs every load check, binding the weights for `backend`. Throws
 // mds::FileError naming the file and what failed.
-CheckedModel open_checked_model(const std::string& path, mgl::backend& backend);
+CheckedModel open_checked_model(const std::string& path, mgl::backend& backend,
+                                const WeightOptions& options = {});
 
 // The checks after the manifest, on an opened file.
-CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backend);
+CheckedModel check_model(std::unique_ptr<mds::MdsFile> file, mgl::backend& backend,
+                         const WeightOptions& options = {});
 
 }  // namespace minids::cli

@@ -14,6 +14,7 @@
 #include "chat/jinja.h"
 #include "cli/commands.h"
 #include "cli/model_check.h"
+#include "mgl-cuda.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer_data.h"
 #include "util/output_file.h"
@@ -37,6 +38,18 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
         "--chat-template", f.chat_template,
         "chat template instead of the model's own: deepseek2, deepseek3, chatml or Jinja source "
         "(run sends the prompt as one user message with it)");
+    cmd.add_flag("--cpu", f.cpu,
+                 "run on the CPU even when a CUDA GPU is present (the GPU is the default when the "
+                 "model fits in its free memory)");
+    cmd.add_option("--cache-type-k", f.cache_type,
+                   "KV cache dtype: bf16 or f32 (default: bf16 on the GPU, f32 on the CPU)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+    cmd.add_option("--ubatch-size", f.n_ubatch,
+                   "prompt tokens evaluated in one graph (longer prompts run in chunks)")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+    cmd.add_flag("!--no-cuda-graphs", f.cuda_graphs,
+                 "run every decode step eagerly instead of replaying one captured CUDA graph");
 }
 
 CLI::Validator finite_in(double lo, double hi) {
@@ -153,6 +166,7 @@ std::filesystem::path binary_dir() {
 }
 
 double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+double gib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
 
@@ -188,28 +202,76 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     std::fprintf(stderr, "minids %s: loading %s ...\n", command, path.c_str());
     const auto t0 = std::chrono::steady_clock::now();
     LoadedModel m;
-    try {
-        m.backend = mgl::make_cpu_backend(flags.n_threads);
-    } catch (const std::system_error& e) {  // ulimit -v / -u: not enough for the threads
-        throw UserError(std::string(e.what()) + "; use fewer with -t");
+    m.file = mds::MdsFile::open(path);
+    const ModelConfig& c = m.file->config();
+
+    // The GPU when there is one and the model fits in its free memory; --cpu (or llama.cpp's
+    // -ngl 0) forces the CPU.
+    const bool gpu = !flags.cpu && flags.n_gpu_layers.value_or(1) != 0 && mgl::cuda_available();
+    SessionParams& sp = m.session_params;
+    sp.n_ctx = flags.n_ctx;
+    sp.n_ubatch = flags.n_ubatch;
+    sp.kv_type = flags.cache_type.empty()     ? (gpu ? mgl::dtype::bf16 : mgl::dtype::f32)
+                 : flags.cache_type == "bf16" ? mgl::dtype::bf16
+                                              : mgl::dtype::f32;
+    const uint64_t kv_bytes = uint64_t(c.num_hidden_layers) * uint64_t(flags.n_ctx) *
+                              uint64_t(c.kv_cache_width()) * mgl::dtype_size(sp.kv_type);
+    if (gpu) {
+        const mgl::cuda_device_info dev = mgl::cuda_info(0);
+        uint64_t weights = 0;
+        for (const auto& t : m.file->tensors()) weights += t.nbytes;
+        weights += uint64_t(m.file->experts().blobs.size()) * m.file->experts().blob_nbytes;
+        // Workspaces, graphs, activations and the merged projections: measured well under this.
+        const uint64_t work = (uint64_t(1) << 30) + weights / 50;
+        const uint64_t need = weights + kv_bytes + work;
+        if (need > dev.free_bytes) {
+            char msg[512];
+            std::snprintf(msg, sizeof msg,
+                          "the model needs %.2f GiB of GPU memory (weights %.2f, KV cache %.2f "
+                          "for -c %lld, work %.2f) but %s has %.2f GiB free; use --cpu, a smaller "
+                          "-c, or a smaller model (an expert cache for models larger than the "
+                          "GPU is not built yet)",
+                          gib(need), gib(weights), gib(kv_bytes), (long long)flags.n_ctx, gib(work),
+                          dev.name.c_str(), gib(dev.free_bytes));
+            throw UserError(msg);
+        }
+        mgl::cuda_options opt;
+        opt.graphs = flags.cuda_graphs;
+        m.backend = mgl::make_cuda_backend(opt);
+        std::fprintf(stderr, "minids %s: GPU %s, %.1f GiB free of %.1f GiB\n", command,
+                     dev.name.c_str(), gib(dev.free_bytes), gib(dev.total_bytes));
+    } else {
+        try {
+            m.backend = mgl::make_cpu_backend(flags.n_threads);
+        } catch (const std::system_error& e) {  // ulimit -v / -u: not enough for the threads
+            throw UserError(std::string(e.what()) + "; use fewer with -t");
+        }
+        // The cache is allocated whole; one that cannot fit in this machine's memory is the
+        // flag's fault, said before the allocation fails (or the kernel's OOM killer steps in).
+        const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+        if (ram > 0 && kv_bytes > ram)
+            throw UserError("-c " + std::to_string(flags.n_ctx) + ": the KV cache would need " +
+                            std::to_string(kv_bytes >> 20) + " MiB, more than this machine's " +
+                            std::to_string(ram >> 20) + " MiB of memory");
     }
-    CheckedModel checked = open_checked_model(path, *m.backend);
+    WeightOptions wo;
+    const bool tty = isatty(fileno(stderr));
+    double last_report = -1.0;
+    wo.progress = [&](uint64_t done, uint64_t all) {
+        const double frac = all ? double(done) / double(all) : 1.0;
+        if (!tty || (frac - last_report < 0.02 && done < all)) return;
+        last_report = frac;
+        std::fprintf(stderr, "\rminids %s: copying weights to the GPU: %3.0f%% (%.1f of %.1f GB)",
+                     command, 100.0 * frac, double(done) / 1e9, double(all) / 1e9);
+        if (done == all) std::fputc('\n', stderr);
+    };
+    // Every load check (model_check.h): the weights, the tokenizer, the chat template.
+    CheckedModel checked = check_model(std::move(m.file), *m.backend, wo);
     m.file = std::move(checked.file);
     m.model = std::move(checked.model);
     m.tokenizer = std::move(checked.tokenizer);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-    const ModelConfig& c = m.model->config();
-    const uint64_t kv_bytes =
-        uint64_t(c.num_hidden_layers) * uint64_t(flags.n_ctx) * uint64_t(c.kv_cache_width()) * 4;
-    // The cache is allocated whole; one that cannot fit in this machine's memory is the flag's
-    // fault, said before the allocation fails (or the kernel's OOM killer ends the process).
-    const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
-    if (ram > 0 && kv_bytes > ram)
-        throw UserError("-c " + std::to_string(flags.n_ctx) + ": the KV cache would need " +
-                        std::to_string(kv_bytes >> 20) + " MiB, more than this machine's " +
-                        std::to_string(ram >> 20) + " MiB of memory");
     const auto& ex = m.file->experts();
     std::fprintf(stderr,
                  "minids %s: %lld layers, hidden %lld, %lld heads, kv_lora_rank %lld, vocab %lld; "
@@ -219,12 +281,24 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
                  (long long)c.vocab_size, (long long)c.n_routed_experts,
                  (long long)c.num_experts_per_tok, ex.present ? mgl::dtype_name(ex.dtype) : "-",
                  (long long)c.n_shared_experts.value_or(0));
-    std::fprintf(stderr,
-                 "minids %s: weights %.1f MiB mapped from the file, KV cache %.1f MiB for %lld "
-                 "tokens (F32), "
-                 "backend %s, loaded in %.2f s\n",
-                 command, mib(m.model->weight_bytes()), mib(kv_bytes), (long long)flags.n_ctx,
-                 m.backend->name(), load_s);
+    const WeightPlacement& wp = m.model->weights().placement();
+    if (wp.copied) {
+        std::fprintf(stderr,
+                     "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB, expert "
+                     "tables %.3f MiB (copied in %.2f s from the %s mapping), KV cache %.1f MiB "
+                     "for %lld tokens (%s)\n",
+                     command, mib(wp.dense_bytes), mib(wp.expert_bytes), mib(wp.table_bytes),
+                     wp.seconds, wp.registered ? "page-locked" : "pageable", mib(kv_bytes),
+                     (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
+    } else {
+        std::fprintf(stderr,
+                     "minids %s: weights %.1f MiB read from the mapped file, KV cache %.1f MiB "
+                     "for %lld tokens (%s)\n",
+                     command, mib(m.model->weight_bytes()), mib(kv_bytes), (long long)flags.n_ctx,
+                     mgl::dtype_name(sp.kv_type));
+    }
+    std::fprintf(stderr, "minids %s: backend %s, loaded in %.2f s\n", command, m.backend->name(),
+                 load_s);
     return m;
 }
 

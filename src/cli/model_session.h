@@ -14,6 +14,7 @@
 #include "mgl.h"
 #include "model/deepseek2.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
 
 namespace minids::cli {
@@ -29,6 +30,10 @@ struct ModelFlags {
     int64_t n_ctx = 4096;       // -c
     int n_threads = 0;          // -t; 0: physical cores
     std::string chat_template;  // --chat-template; empty: the model's own
+    bool cpu = false;           // --cpu: run on the CPU even when a GPU is present
+    std::string cache_type;     // --cache-type-k: f32 | bf16 (empty: bf16 on the GPU, f32 on CPU)
+    int64_t n_ubatch = 512;     // --ubatch-size: most prompt tokens in one graph
+    bool cuda_graphs = true;    // --no-cuda-graphs turns the decode-step graph replay off
     // -ngl / --n-gpu-layers, as llama.cpp: 0 runs on the CPU; any other value means the GPU, with
     // the memory plan deciding what is placed where. Unset: the default backend.
     std::optional<int> n_gpu_layers;
@@ -47,6 +52,7 @@ std::string process_escapes(const std::string& text);
 
 // An opened model, ready to make sessions.
 struct LoadedModel {
+    SessionParams session_params;  // context, KV cache dtype, ubatch for this backend
     std::unique_ptr<mds::MdsFile> file;
     std::unique_ptr<mgl::backend> backend;  // before the model, which places weights for it
     std::unique_ptr<Deepseek2Model> model;

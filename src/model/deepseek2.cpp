@@ -3,6 +3,7 @@
 // hidden_size, H = heads, r = kv_lora_rank, nope/rope/v = the per-head dims.
 #include "model/deepseek2.h"
 
+#include <cstring>
 #include <string>
 
 namespace minids {
@@ -50,6 +51,7 @@ Deepseek2Model::Deepseek2Model(const mds::MdsFile& file, mgl::backend& backend,
     if (!moe_layers_.empty()) bind_expert_layout();
     for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) bind_layer(il);
     if (options.merge_projections && store_->copies()) merge_projections();
+    if (store_->copies()) transpose_wk_b();
     store_->place(options.progress);
 
     const int64_t n_rot = cfg_.qk_rope_head_dim;
@@ -94,6 +96,31 @@ void Deepseek2Model::merge_projections() {
             return std::span<const uint8_t>(static_cast<const uint8_t*>(t->data), mgl::nbytes(*t));
         };
         store_->add_concat(L.wq_kv_a, {bytes(q), bytes(L.wkv_a_mqa)});
+    }
+}
+
+void Deepseek2Model::transpose_wk_b() {
+    // wk_b is W_uk viewed transposed (inner stride r): a matmul against it reads columns. Where
+    // the weights are copied anyway, store it transposed ([H, r, nope], rows contiguous) so the
+    // per-head products run on the row-streaming matrix-vector kernel.
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim;
+    const int64_t v = c.v_head_dim;
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        Deepseek2Layer& L = layers_[il];
+        const mgl::tensor* src = L.wk_b->src[0];  // kv_b_proj [H·(nope+v), r]
+        const size_t es = mgl::dtype_size(src->type);
+        const auto* in = static_cast<const uint8_t*>(src->data);
+        std::vector<uint8_t> out(size_t(H * r * nope) * es);
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t j = 0; j < nope; ++j)
+                for (int64_t i = 0; i < r; ++i)
+                    std::memcpy(&out[size_t((h * r + i) * nope + j) * es],
+                                &in[size_t((h * (nope + v) + j) * r + i) * es], es);
+        mgl::tensor* t = weights_.new_tensor(src->type, {H, r, nope},
+                                             layer_prefix(int64_t(il)) + "self_attn.wk_b");
+        store_->add_owned(t, std::move(out));
+        L.wk_b = t;
     }
 }
 
@@ -201,7 +228,10 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     const ModelConfig& c = cfg_;
     const int64_t T = x->dim(0), H = c.num_attention_heads, r = c.kv_lora_rank;
     const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
-    const float eps = float(c.rms_norm_eps);
+    // q_a_layernorm and kv_a_layernorm use DeepSeek's default eps (1e-6), not rms_norm_eps: both
+    // DeepSeek's modeling_deepseek.py and transformers construct them without passing the config's
+    // eps (docs/fidelity.md); only the layer norms and the final norm read rms_norm_eps.
+    const float latent_eps = 1e-6f;
     mgl::tensor* pages = batch.kv_pages[size_t(il)];
     mgl::tensor* page_table = batch.page_table;
 
@@ -222,7 +252,8 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
 
     mgl::tensor* q = q_first;  // [T, H·(nope+rope)]
     if (!L.wq) {
-        mgl::tensor* q_a = named(mgl::rms_norm(ctx, q_first, L.q_a_norm, eps), "q_a_norm", il);
+        mgl::tensor* q_a =
+            named(mgl::rms_norm(ctx, q_first, L.q_a_norm, latent_eps), "q_a_norm", il);
         q = named(mgl::matmul(ctx, q_a, L.wq_b), "q", il);
     }
     // A reshape needs a contiguous source; the merged matmul's slice is not.
@@ -235,9 +266,9 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     mgl::tensor* kv_cmpr =
         named(mgl::slice(ctx, kv_cmpr_pe, 1, 0, r), "kv_cmpr_raw", il);  // [T, r]
     mgl::tensor* k_pe =
-        named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);             // [T, rope]
-    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, eps), "kv_cmpr", il);  // [T, r]
-    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);         // [T, rope]
+        named(mgl::slice(ctx, kv_cmpr_pe, 1, r, rope), "k_pe_raw", il);  // [T, rope]
+    kv_cmpr = named(mgl::rms_norm(ctx, kv_cmpr, L.kv_a_norm, latent_eps), "kv_cmpr", il);  // [T, r]
+    k_pe = named(mgl::rope(ctx, k_pe, batch.positions, rope_), "k_pe", il);  // [T, rope]
 
     // q_lat[t, h] = q_nope[t, h] · W_uk[h]: one matmul batched over heads. (mgl ops read their
     // inputs through strides, so the permuted views need no copies.)

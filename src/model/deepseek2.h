@@ -97,6 +97,7 @@ private:
     void bind_layer(int64_t il);
     void bind_expert_layout();
     void merge_projections();
+    void transpose_wk_b();
 
     mgl::tensor* build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
                                  mgl::tensor* x, const ForwardBatch& batch) const;

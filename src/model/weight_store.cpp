@@ -44,6 +44,15 @@ void WeightStore::add_concat(mgl::tensor* t, std::vector<std::span<const uint8_t
     items_.push_back({t, std::move(parts), 0});
 }
 
+void WeightStore::add_owned(mgl::tensor* t, std::vector<uint8_t> bytes) {
+    MGL_CHECK(copies(), "weight store: re-laid-out weight '" + t->name + "' needs a copying store");
+    MGL_CHECK(bytes.size() == mgl::nbytes(*t), "weight store: '" + t->name + "' has " +
+                                                   std::to_string(bytes.size()) + " bytes for " +
+                                                   std::to_string(mgl::nbytes(*t)));
+    owned_.push_back(std::move(bytes));
+    items_.push_back({t, {{owned_.back().data(), owned_.back().size()}}, 0});
+}
+
 mgl::tensor* WeightStore::add_expert_table(mgl::context& ctx, int64_t layer,
                                            std::vector<const uint8_t*> blobs, uint64_t blob_bytes) {
     mgl::tensor* t = ctx.new_tensor(mgl::dtype::i64, {int64_t(blobs.size())},
@@ -120,6 +129,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             }
         }
         if (progress) progress(all, all);
+        owned_.clear();
     }
 
     uint64_t at = 0;

@@ -56,6 +56,9 @@ public:
     void add(mgl::tensor* t, const uint8_t* host, uint64_t nbytes);
     // A leaf made of the concatenation of host byte ranges (only when copies()).
     void add_concat(mgl::tensor* t, std::vector<std::span<const uint8_t>> parts);
+    // A leaf whose bytes the caller computed (a re-laid-out copy; only when copies()). The store
+    // keeps them until place() has copied them.
+    void add_owned(mgl::tensor* t, std::vector<uint8_t> bytes);
     // The expert table of one MoE layer, a leaf [blobs.size()] i64 created in ctx; its entries
     // are the addresses of the blobs after place().
     mgl::tensor* add_expert_table(mgl::context& ctx, int64_t layer,
@@ -80,6 +83,7 @@ private:
     const mds::MdsFile& file_;
     mgl::backend& backend_;
     std::vector<Item> items_;
+    std::vector<std::vector<uint8_t>> owned_;
     std::vector<Table> tables_;
     mgl::buffer_ptr dense_, experts_, tables_buf_;
     WeightPlacement placement_;

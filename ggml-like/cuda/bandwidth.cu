@@ -1,0 +1,48 @@
+// The device copy bandwidth benchmarks measure their floors against (mgl-cuda.h).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_check.h"
+#include "mgl-cuda.h"
+
+namespace mgl {
+
+double cuda_copy_bandwidth_gbs() {
+    if (!cuda_available()) return 0.0;
+    const size_t bytes = size_t(1) << 30;
+    void *a = nullptr, *b = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    std::vector<float> ms;
+    try {
+        CUDA_CHECK(cudaMalloc(&a, bytes));
+        CUDA_CHECK(cudaMalloc(&b, bytes));
+        CUDA_CHECK(cudaMemset(a, 1, bytes));
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        for (int i = 0; i < 12; ++i) {
+            CUDA_CHECK(cudaEventRecord(e0));
+            CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaEventRecord(e1));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            float t = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+            if (i >= 2) ms.push_back(t);  // the first copies warm the clocks up
+        }
+    } catch (...) {
+        cudaFree(a);
+        cudaFree(b);
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        throw;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return 2.0 * double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
+}
+
+}  // namespace mgl

@@ -1,0 +1,275 @@
+// Fusion decisions of the CUDA backend (see fusion.h).
+#include "fusion.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "matmul.h"
+
+namespace mgl::cuda {
+
+fusion_switches fusion_switches_from_env(fusion_switches on) {
+    const char* v = std::getenv("MINIDS_CUDA_FUSE");
+    if (!v || !*v) return on;
+    const std::string s = v;
+    if (s == "all" || s == "1") return on;
+    fusion_switches keep{false, false, false, false};
+    if (s != "0" && s != "none") {
+        std::stringstream list(s);
+        for (std::string name; std::getline(list, name, ',');) {
+            if (name == "norm") {
+                keep.norm = true;
+            } else if (name == "residual") {
+                keep.residual = true;
+            } else if (name == "route") {
+                keep.route = true;
+            } else if (name == "mla_prep") {
+                keep.mla_prep = true;
+            } else {
+                throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
+                            "' (expected 0, all, or a comma list of norm, residual, route, "
+                            "mla_prep)");
+            }
+        }
+    }
+    // The environment only turns fusions off.
+    return {on.norm && keep.norm, on.residual && keep.residual, on.route && keep.route,
+            on.mla_prep && keep.mla_prep};
+}
+
+namespace {
+
+bool inner_contiguous_f32(const tensor& t) {
+    return t.type == dtype::f32 && t.n_dims >= 1 && t.stride[size_t(t.n_dims - 1)] == 4;
+}
+
+bool same_shape(const tensor& a, const tensor& b) {
+    if (a.n_dims != b.n_dims) return false;
+    for (int i = 0; i < a.n_dims; ++i)
+        if (a.shape[size_t(i)] != b.shape[size_t(i)]) return false;
+    return true;
+}
+
+bool norm_weight_ok(const tensor* w) {
+    return !w || ((w->type == dtype::f32 || w->type == dtype::bf16) && w->is_contiguous());
+}
+
+class planner {
+public:
+    planner(const graph& g, const fusion_switches& on) : g_(g), on_(on) {
+        for (size_t i = 0; i < g.nodes.size(); ++i) step_[g.nodes[i]] = i;
+        for (tensor* n : g.nodes) {
+            for (tensor* s : n->src) {
+                if (s) consumers_[s].push_back(n);
+            }
+        }
+        outputs_.insert(g.outputs.begin(), g.outputs.end());
+    }
+
+    fusion_plan run() {
+        if (on_.route) find_routes();
+        if (on_.mla_prep) find_mla_preps();
+        if (on_.norm) find_norms();
+        if (on_.residual) find_residuals();
+        add_also_reads();
+        return std::move(p_);
+    }
+
+private:
+    const std::vector<tensor*>& consumers(const tensor* t) const {
+        static const std::vector<tensor*> none;
+        auto it = consumers_.find(t);
+        return it == consumers_.end() ? none : it->second;
+    }
+    bool is_output(const tensor* t) const { return outputs_.count(t) != 0; }
+    size_t step(const tensor* t) const { return step_.at(t); }
+    bool taken(const tensor* t) const {
+        return p_.skipped.count(t) || p_.route_at.count(t) || p_.prep_at.count(t);
+    }
+
+    // Every reader of a member outside the group runs after the group's step.
+    bool outside_readers_after(const std::vector<tensor*>& members, const tensor* run_at) const {
+        for (const tensor* m : members) {
+            for (const tensor* c : consumers(m)) {
+                if (std::find(members.begin(), members.end(), c) != members.end()) continue;
+                if (step(c) <= step(run_at)) return false;
+            }
+        }
+        return true;
+    }
+    bool read_outside(const tensor* t, const std::vector<tensor*>& members) const {
+        if (is_output(t)) return true;
+        for (const tensor* c : consumers(t))
+            if (std::find(members.begin(), members.end(), c) == members.end()) return true;
+        return false;
+    }
+
+    void find_routes() {
+        for (tensor* w : g_.nodes) {
+            if (w->op_kind != op::moe_weights) continue;
+            tensor* s = w->src[0];
+            tensor* k = w->src[1];
+            if (s->op_kind != op::softmax || k->op_kind != op::moe_topk || k->src[0] != s) continue;
+            if (s->iparams[0] != 0 || s->fparams[0] != 1.0f || s->n_dims != 2) continue;
+            if (!inner_contiguous_f32(*s->src[0]) || s->src[0]->stride[0] % 4 != 0) continue;
+            const int64_t E = s->shape[1];
+            if (E > 1024 || w->iparams[0] != k->iparams[0]) continue;
+            if (topk_method(k->iparams[1]) == topk_method::group_limited_greedy &&
+                k->iparams[2] > 32)
+                continue;
+            if (taken(s) || taken(k) || taken(w)) continue;
+            if (!outside_readers_after({s, k, w}, w)) continue;
+            p_.route_at[w] = route_group{s, k, w};
+            p_.skipped.insert(s);
+            p_.skipped.insert(k);
+            ++p_.n_route;
+        }
+    }
+
+    void find_mla_preps() {
+        for (tensor* kv_store : g_.nodes) {
+            if (kv_store->op_kind != op::kv_store) continue;
+            tensor* c_norm = kv_store->src[2];
+            tensor* k_rope = kv_store->src[3];
+            tensor* positions = kv_store->src[4];
+            if (c_norm->op_kind != op::rms_norm || k_rope->op_kind != op::rope) continue;
+            if (k_rope->src[1] != positions || !norm_weight_ok(c_norm->src[1])) continue;
+            const tensor* c_view = c_norm->src[0];
+            const tensor* k_view = k_rope->src[0];
+            if (c_view->op_kind != op::view || k_view->op_kind != op::view ||
+                c_view->src[0] != k_view->src[0])
+                continue;
+            tensor* kv = c_view->src[0];
+            const int64_t r = c_view->n_dims == 2 ? c_view->shape[1] : 0;
+            const int64_t rope = k_rope->rope->n_dims;
+            if (kv->n_dims != 2 || !inner_contiguous_f32(*kv) || kv->shape[1] != r + rope ||
+                kv->stride[0] % 4 != 0 || r == 0 || rope > 128)
+                continue;
+            if (c_view->stride != kv->stride || k_view->stride != kv->stride ||
+                c_view->view_offset != 0 || k_view->view_offset != size_t(r) * 4 ||
+                k_view->n_dims != 2 || k_view->shape[1] != rope)
+                continue;
+            const tensor* pages = kv_store->src[0];
+            if (!pages->is_contiguous() || !kv_store->src[1]->is_contiguous()) continue;
+            // The attention that reads this cache takes the rope'd q_pe.
+            tensor* q_rope = nullptr;
+            for (tensor* c : consumers(kv_store)) {
+                if (c->op_kind == op::mla_attn && c->src[2] == kv_store) q_rope = c->src[1];
+            }
+            if (!q_rope || q_rope->op_kind != op::rope || q_rope->src[1] != positions) continue;
+            if (!(q_rope->rope == k_rope->rope ||
+                  (q_rope->rope->inv_freq == k_rope->rope->inv_freq &&
+                   q_rope->rope->attn_factor == k_rope->rope->attn_factor)))
+                continue;
+            const tensor* q_in = q_rope->src[0];
+            if (q_in->n_dims != 3 || !inner_contiguous_f32(*q_in) || q_in->stride[0] % 4 != 0 ||
+                q_in->stride[1] % 4 != 0)
+                continue;
+            std::vector<tensor*> members{c_norm, k_rope, kv_store, q_rope};
+            bool free = true;
+            for (tensor* m : members) free = free && !taken(m);
+            if (!free) continue;
+            tensor* run_at = *std::max_element(
+                members.begin(), members.end(),
+                [&](const tensor* a, const tensor* b) { return step(a) < step(b); });
+            if (!outside_readers_after(members, run_at)) continue;
+            p_.prep_at[run_at] = mla_prep_group{c_norm,
+                                                k_rope,
+                                                kv_store,
+                                                q_rope,
+                                                run_at,
+                                                kv,
+                                                read_outside(c_norm, members),
+                                                read_outside(k_rope, members)};
+            for (tensor* m : members)
+                if (m != run_at) p_.skipped.insert(m);
+            ++p_.n_mla_prep;
+        }
+    }
+
+    void find_norms() {
+        for (tensor* norm : g_.nodes) {
+            if (norm->op_kind != op::rms_norm || is_output(norm) || taken(norm)) continue;
+            const tensor* x = norm->src[0];
+            if (norm->n_dims < 2 || !inner_contiguous_f32(*x) || !norm_weight_ok(norm->src[1]))
+                continue;
+            const auto& users = consumers(norm);
+            const int64_t rows = norm->shape[size_t(norm->n_dims - 2)];
+            bool all_gemv = !users.empty() && rows <= minids::kernels::matmul_gemv_max_m();
+            for (const tensor* u : users) {
+                all_gemv = all_gemv && u->op_kind == op::matmul && u->src[0] == norm &&
+                           u->src[1] != norm && u->src[2] != norm && !taken(u);
+            }
+            if (!all_gemv) continue;
+            for (tensor* u : users) p_.norm_of[u] = norm;
+            p_.skipped.insert(norm);
+            ++p_.n_norm;
+        }
+    }
+
+    void find_residuals() {
+        for (tensor* add : g_.nodes) {
+            if (add->op_kind != op::add || taken(add)) continue;
+            for (int i = 0; i < 2; ++i) {
+                tensor* product = add->src[size_t(i)];
+                tensor* other = add->src[size_t(1 - i)];
+                if (product->op_kind != op::matmul && product->op_kind != op::moe_experts) continue;
+                if (is_output(product) || taken(product) || p_.residual_add.count(product))
+                    continue;
+                const auto& users = consumers(product);
+                if (users.size() != 1 || users[0] != add || other == product) continue;
+                if (other->type != dtype::f32 || !same_shape(*other, *add) ||
+                    !other->is_contiguous())
+                    continue;
+                p_.residual_add[product] = add;
+                p_.producer_of[add] = product;
+                p_.skipped.insert(product);
+                ++p_.n_residual;
+                break;
+            }
+        }
+    }
+
+    void also_read(tensor* at, tensor* t) {
+        if (t) p_.also_reads.emplace_back(at, t);
+    }
+
+    void add_also_reads() {
+        for (auto& [add, product] : p_.producer_of) {
+            tensor* at = const_cast<tensor*>(add);
+            for (tensor* s : product->src) also_read(at, s);
+        }
+        for (auto& [matmul, norm] : p_.norm_of) {
+            auto it = p_.residual_add.find(matmul);
+            tensor* at = it != p_.residual_add.end() ? it->second : const_cast<tensor*>(matmul);
+            for (tensor* s : norm->src) also_read(at, s);
+        }
+        for (auto& [w, r] : p_.route_at) {
+            for (tensor* m : {r.softmax, r.topk}) {
+                also_read(r.weights, m);  // written at the group's step
+                for (tensor* s : m->src) also_read(r.weights, s);
+            }
+        }
+        for (auto& [at, grp] : p_.prep_at) {
+            for (tensor* m : {grp.kv_norm, grp.k_rope, grp.store, grp.q_rope}) {
+                also_read(grp.run_at, m);
+                for (tensor* s : m->src) also_read(grp.run_at, s);
+            }
+        }
+    }
+
+    const graph& g_;
+    fusion_switches on_;
+    std::unordered_map<const tensor*, size_t> step_;
+    std::unordered_map<const tensor*, std::vector<tensor*>> consumers_;
+    std::unordered_set<const tensor*> outputs_;
+    fusion_plan p_;
+};
+
+}  // namespace
+
+fusion_plan plan_fusions(const graph& g, const fusion_switches& on) { return planner(g, on).run(); }
+
+}  // namespace mgl::cuda

@@ -1,0 +1,65 @@
+// Which nodes of a graph the CUDA backend runs together, decided at allocate() from the graph's
+// structure alone (ops, shapes, strides, who consumes what):
+//
+//   norm      rms_norm -> matmul: the matmul normalizes its rows itself (its RMSNorm prologue),
+//             when every consumer of the norm is a matmul of at most 16 rows taking it as x.
+//   residual  matmul -> add, moe_experts -> add: the product is added to the other operand as it
+//             is written (the residual epilogue), when the add is the product's only consumer.
+//   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
+//             weights.
+//   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
+//             layer, for MLA's decode prologue.
+//
+// A node is fused away only when it is not a graph output and nothing outside its group reads
+// it, except outputs the fused kernel writes anyway (probs and ids of route; q_pe, kv_cmpr and
+// k_pe of mla_prep), whose outside readers must run after the group. A group runs at the step of
+// its last member; `also_reads` tells the memory planner what that step reads, so nothing it
+// needs is reused before.
+#pragma once
+
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "mgl-cuda.h"
+#include "mgl.h"
+
+namespace mgl::cuda {
+
+using fusion_switches = cuda_fusions;
+// `defaults` narrowed by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
+// (unchanged), or a comma list of the fusions to keep. The environment only turns fusions off.
+fusion_switches fusion_switches_from_env(fusion_switches defaults);
+
+struct route_group {
+    tensor* softmax = nullptr;
+    tensor* topk = nullptr;
+    tensor* weights = nullptr;  // the step it runs at
+};
+
+struct mla_prep_group {
+    tensor* kv_norm = nullptr;   // rms_norm of kv_cmpr
+    tensor* k_rope = nullptr;    // rope of k_pe
+    tensor* store = nullptr;     // kv_store
+    tensor* q_rope = nullptr;    // rope of q_pe
+    tensor* run_at = nullptr;    // the last of the four in execution order
+    tensor* kv = nullptr;        // the [T, r + rope] row tensor kv_cmpr and k_pe are slices of
+    bool write_kv_norm = false;  // kv_norm / k_rope are read outside the group (or are outputs)
+    bool write_k_rope = false;
+};
+
+struct fusion_plan {
+    std::unordered_map<const tensor*, tensor*> norm_of;         // matmul -> its fused rms_norm
+    std::unordered_map<const tensor*, tensor*> residual_add;    // matmul / moe_experts -> the add
+    std::unordered_map<const tensor*, tensor*> producer_of;     // the add -> matmul / moe_experts
+    std::unordered_map<const tensor*, route_group> route_at;    // keyed by the weights node
+    std::unordered_map<const tensor*, mla_prep_group> prep_at;  // keyed by run_at
+    std::unordered_set<const tensor*> skipped;  // nodes whose work runs in another step
+    std::vector<std::pair<tensor*, tensor*>> also_reads;
+    int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0;
+};
+
+fusion_plan plan_fusions(const graph& g, const fusion_switches& on);
+
+}  // namespace mgl::cuda

@@ -1,0 +1,55 @@
+// The CUDA backend's one switch over ops: for an allocated graph (every address resolved) and its
+// fusion plan, the list of launches compute() enqueues, each with its kernel parameters built
+// once. Addresses never change under an allocated graph, so the parameters hold for every
+// compute; what a launch takes from the backend at run time (stream, workspaces) is in exec_env.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "elementwise.h"
+#include "fusion.h"
+#include "mgl.h"
+
+namespace mgl::cuda {
+
+struct exec_env {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+    void* matmul_workspace = nullptr;  // only matmuls use it; zeroed once (split-K counters)
+    size_t matmul_workspace_bytes = 0;
+    void* scratch = nullptr;  // 256-byte aligned; MLA splits, MoE activations, staged inputs
+    size_t scratch_bytes = 0;
+    device_error* error = nullptr;  // device address of the backend's error record
+    bool pdl = false;               // programmatic dependent launch for the gemv matmuls
+};
+
+struct launch_step {
+    std::string what;  // "matmul", "matmul+norm+add", "moe_route", ... (for messages and logs)
+    const tensor* node = nullptr;
+    std::function<void(const exec_env&)> run;
+};
+
+// What the launches need from the backend besides the graph.
+struct launch_context {
+    // Device copy of a rope table's inv_freq (uploaded once per distinct table).
+    std::function<const float*(const std::shared_ptr<const rope_params>&)> inv_freq;
+};
+
+struct launch_list {
+    std::vector<launch_step> steps;
+    size_t matmul_workspace_bytes = 0;  // the most any one launch needs
+    size_t scratch_bytes = 0;
+};
+
+// Why the CUDA backend cannot run `node` (dtype, layout or kernel limit), or empty when it can.
+std::string cuda_unsupported_reason(const tensor& node);
+
+launch_list build_launches(const graph& g, const fusion_plan& fusions, const launch_context& ctx);
+
+}  // namespace mgl::cuda

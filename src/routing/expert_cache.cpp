@@ -1,0 +1,106 @@
+#include "routing/expert_cache.h"
+
+namespace minids::routing {
+
+const char* policy_name(Policy p) {
+    switch (p) {
+        case Policy::lru:
+            return "lru";
+        case Policy::lfu:
+            return "lfu";
+        case Policy::decay:
+            return "decay";
+        case Policy::belady:
+            return "belady";
+    }
+    return "?";
+}
+
+Policy parse_policy(const std::string& name) {
+    for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady}) {
+        if (name == policy_name(p)) return p;
+    }
+    throw std::invalid_argument("unknown policy \"" + name +
+                                "\" (expected lru, lfu, decay or belady)");
+}
+
+bool policy_is_online(Policy p) { return p != Policy::belady; }
+
+std::vector<int64_t> per_layer_slots(int64_t n_slots, int32_t n_layers) {
+    std::vector<int64_t> s(size_t(n_layers), n_slots / n_layers);
+    for (int64_t l = 0; l < n_slots % n_layers; ++l) ++s[size_t(l)];
+    return s;
+}
+
+void check_config(const CacheConfig& c, int32_t min_slots_per_pool) {
+    if (c.n_layers < 1 || c.n_experts < 1) {
+        throw std::invalid_argument("expert cache: needs at least one layer and one expert");
+    }
+    const int64_t n_keys = int64_t(c.n_layers) * c.n_experts;
+    if (c.n_slots > n_keys) {
+        throw std::invalid_argument("expert cache: " + std::to_string(c.n_slots) +
+                                    " slots are more than the " + std::to_string(n_keys) +
+                                    " experts");
+    }
+    const int64_t smallest = c.per_layer ? c.n_slots / c.n_layers : c.n_slots;
+    if (smallest < min_slots_per_pool) {
+        throw std::invalid_argument(
+            "expert cache: " + std::to_string(c.n_slots) + " slots " +
+            (c.per_layer ? "split over " + std::to_string(c.n_layers) + " layers give " +
+                               std::to_string(smallest) + " per layer"
+                         : std::string("")) +
+            ", fewer than the " + std::to_string(min_slots_per_pool) + " a step pins (top-k)");
+    }
+    if (!(c.decay_half_life > 0)) {
+        throw std::invalid_argument("expert cache: the decay half-life must be positive");
+    }
+}
+
+namespace {
+
+template <class P>
+class CacheImpl final : public ExpertCache {
+public:
+    explicit CacheImpl(const CacheConfig& c) : ExpertCache(c), pools_(c) {}
+    AccessResult access(int32_t layer, int32_t expert, const AccessHint& hint, bool pin) override {
+        check(layer, expert);
+        return pools_.access(layer, expert, hint, pin);
+    }
+    void unpin(int32_t layer, int32_t expert) override {
+        check(layer, expert);
+        pools_.unpin(layer, expert);
+    }
+    void unpin_all() override { pools_.unpin_all(); }
+    int32_t slot_of(int32_t layer, int32_t expert) const override {
+        check(layer, expert);
+        return pools_.slot_of(layer, expert);
+    }
+
+private:
+    void check(int32_t layer, int32_t expert) const {
+        if (layer < 0 || layer >= config_.n_layers || expert < 0 || expert >= config_.n_experts) {
+            throw std::out_of_range("expert cache: layer " + std::to_string(layer) + ", expert " +
+                                    std::to_string(expert) + " out of range");
+        }
+    }
+    LayeredPools<P> pools_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertCache> make_expert_cache(const CacheConfig& c) {
+    check_config(c);
+    switch (c.policy) {
+        case Policy::lru:
+            return std::make_unique<CacheImpl<LruPolicy>>(c);
+        case Policy::lfu:
+            return std::make_unique<CacheImpl<LfuPolicy>>(c);
+        case Policy::decay:
+            return std::make_unique<CacheImpl<DecayPolicy>>(c);
+        case Policy::belady:
+            return std::make_unique<CacheImpl<BeladyPolicy>>(c);
+    }
+    throw std::invalid_argument("expert cache: unknown policy");
+}
+
+}  // namespace minids::routing

@@ -1,0 +1,225 @@
+// The expert cache's bookkeeping, the same objects for the offline simulator and the GPU expert
+// cache: which expert of which MoE layer sits in which slot, which slots are pinned, and which
+// slot to evict (a policy from policies.h).
+//
+// A pool has n_slots slots. access(key) answers hit (the expert's slot), miss (a free slot to
+// load it into) or miss_evicted (a slot whose previous expert was dropped; `evicted` names it).
+// A pinned slot (an expert the current step still reads) is never chosen for eviction; pins
+// are counted and released by unpin / unpin_all. The cache is either one pool shared by all
+// MoE layers (global) or one fixed pool per layer (slots split as evenly as possible); slot
+// numbers are global either way (per-layer pools are laid out layer after layer).
+//
+//     auto cache = make_expert_cache({.policy = Policy::lru, .n_layers = 26, .n_experts = 64,
+//                                     .n_slots = 980});
+//     for (int e : experts_of_this_token_and_layer) {
+//         AccessResult r = cache->access(layer, e);  // pinned until unpin_all()
+//         if (r.outcome != AccessResult::hit) copy_expert(layer, e, r.slot);
+//     }
+//     ... once the step's kernels are done with the slots: cache->unpin_all();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "routing/policies.h"
+
+namespace minids::routing {
+
+enum class Policy { lru, lfu, decay, belady };
+const char* policy_name(Policy p);
+// "lru", "lfu", "decay", "belady"; throws std::invalid_argument otherwise.
+Policy parse_policy(const std::string& name);
+// The online policies (the ones an engine can run): every policy but belady.
+bool policy_is_online(Policy p);
+
+struct AccessResult {
+    enum Outcome : uint8_t { hit, miss, miss_evicted };
+    Outcome outcome = hit;
+    int32_t slot = -1;     // where the expert is (hit) or must be loaded (a miss)
+    int32_t evicted = -1;  // the key that was in `slot` (miss_evicted), else -1
+};
+
+// One pool of slots driven by policy P.
+template <class P>
+class SlotPool {
+public:
+    SlotPool(int32_t n_slots, int32_t n_keys, P policy = P()) : policy_(std::move(policy)) {
+        if (n_slots < 1) throw std::invalid_argument("expert cache: a pool needs at least 1 slot");
+        slot_of_key_.assign(size_t(n_keys), -1);
+        key_of_slot_.assign(size_t(n_slots), -1);
+        pins_.assign(size_t(n_slots), 0);
+        policy_.init(n_slots, n_keys);
+    }
+
+    // Looks the key up, loads it on a miss (evicting the policy's victim when the pool is
+    // full) and, with `pin`, pins its slot. Throws when every slot is pinned.
+    AccessResult access(int32_t key, AccessHint hint = {}, bool pin = true) {
+        hint.now = now_++;
+        AccessResult r;
+        int32_t s = slot_of_key_[size_t(key)];
+        if (s >= 0) {
+            policy_.on_hit(s, key, hint);
+            r.slot = s;
+        } else {
+            if (n_filled_ < int32_t(key_of_slot_.size())) {
+                s = n_filled_++;
+                r.outcome = AccessResult::miss;
+            } else {
+                s = policy_.victim([this](int32_t slot) { return pins_[size_t(slot)] != 0; });
+                if (s < 0) {
+                    throw std::runtime_error(
+                        "expert cache: every slot is pinned; release pins or add slots");
+                }
+                r.outcome = AccessResult::miss_evicted;
+                r.evicted = key_of_slot_[size_t(s)];
+                slot_of_key_[size_t(r.evicted)] = -1;
+            }
+            slot_of_key_[size_t(key)] = s;
+            key_of_slot_[size_t(s)] = key;
+            policy_.on_fill(s, key, hint);
+            r.slot = s;
+        }
+        if (pin) {
+            if (pins_[size_t(s)]++ == 0) pinned_.push_back(s);
+        }
+        return r;
+    }
+    void unpin(int32_t key) {
+        const int32_t s = slot_of_key_[size_t(key)];
+        if (s < 0 || pins_[size_t(s)] == 0) throw std::logic_error("expert cache: not pinned");
+        --pins_[size_t(s)];  // pinned_ may keep the slot listed; unpin_all skips it harmlessly
+    }
+    void unpin_all() {
+        for (int32_t s : pinned_) pins_[size_t(s)] = 0;
+        pinned_.clear();
+    }
+    int32_t slot_of(int32_t key) const { return slot_of_key_[size_t(key)]; }
+    int32_t key_in(int32_t slot) const { return key_of_slot_[size_t(slot)]; }
+    bool pinned(int32_t slot) const { return pins_[size_t(slot)] != 0; }
+    int32_t n_slots() const { return int32_t(key_of_slot_.size()); }
+    P& policy() { return policy_; }
+
+private:
+    P policy_;
+    std::vector<int32_t> slot_of_key_, key_of_slot_;
+    std::vector<uint32_t> pins_;
+    std::vector<int32_t> pinned_;
+    int32_t n_filled_ = 0;
+    uint64_t now_ = 0;
+};
+
+struct CacheConfig {
+    Policy policy = Policy::lru;
+    int32_t n_layers = 1;   // MoE layers
+    int32_t n_experts = 1;  // routed experts per layer
+    int64_t n_slots = 1;    // total, over all layers
+    bool per_layer = false;
+    // decay: counts halve every this many accesses to one layer's experts (k per token), for
+    // global and per-layer pools alike.
+    double decay_half_life = 128;
+};
+
+// Slots of the per-layer pools: n_slots split as evenly as possible, the first layers taking
+// one more when it does not divide.
+std::vector<int64_t> per_layer_slots(int64_t n_slots, int32_t n_layers);
+// Throws std::invalid_argument with a sentence when the configuration cannot work (fewer slots
+// than `min_slots_per_pool` in some pool, more slots than experts, ...).
+void check_config(const CacheConfig& c, int32_t min_slots_per_pool = 1);
+
+// A policy object for one pool serving `layers_in_pool` layers.
+template <class P>
+P make_policy(const CacheConfig& c, int32_t layers_in_pool);
+
+template <>
+inline LruPolicy make_policy<LruPolicy>(const CacheConfig&, int32_t) {
+    return {};
+}
+template <>
+inline LfuPolicy make_policy<LfuPolicy>(const CacheConfig&, int32_t) {
+    return {};
+}
+template <>
+inline DecayPolicy make_policy<DecayPolicy>(const CacheConfig& c, int32_t layers_in_pool) {
+    return DecayPolicy(c.decay_half_life, 1.0 / layers_in_pool);
+}
+template <>
+inline BeladyPolicy make_policy<BeladyPolicy>(const CacheConfig&, int32_t) {
+    return {};
+}
+
+// One global pool, or one pool per layer, behind (layer, expert) addressing.
+template <class P>
+class LayeredPools {
+public:
+    explicit LayeredPools(const CacheConfig& c) : n_experts_(c.n_experts) {
+        if (!c.per_layer) {
+            pools_.emplace_back(int32_t(c.n_slots), c.n_layers * c.n_experts,
+                                make_policy<P>(c, c.n_layers));
+            offset_.push_back(0);
+        } else {
+            int64_t at = 0;
+            for (int64_t n : per_layer_slots(c.n_slots, c.n_layers)) {
+                pools_.emplace_back(int32_t(n), c.n_experts, make_policy<P>(c, 1));
+                offset_.push_back(int32_t(at));
+                at += n;
+            }
+        }
+    }
+    AccessResult access(int32_t layer, int32_t expert, const AccessHint& h, bool pin) {
+        if (pools_.size() == 1) return pools_[0].access(layer * n_experts_ + expert, h, pin);
+        AccessResult r = pools_[size_t(layer)].access(expert, h, pin);
+        r.slot += offset_[size_t(layer)];
+        if (r.evicted >= 0) r.evicted += layer * n_experts_;
+        return r;
+    }
+    void unpin(int32_t layer, int32_t expert) {
+        if (pools_.size() == 1) return pools_[0].unpin(layer * n_experts_ + expert);
+        pools_[size_t(layer)].unpin(expert);
+    }
+    void unpin_all() {
+        for (auto& p : pools_) p.unpin_all();
+    }
+    // Releases the pins of the pool that serves `layer` (all pins, for a global pool).
+    void unpin_layer(int32_t layer) { pools_[pools_.size() == 1 ? 0 : size_t(layer)].unpin_all(); }
+    int32_t slot_of(int32_t layer, int32_t expert) const {
+        if (pools_.size() == 1) return pools_[0].slot_of(layer * n_experts_ + expert);
+        const int32_t s = pools_[size_t(layer)].slot_of(expert);
+        return s < 0 ? -1 : s + offset_[size_t(layer)];
+    }
+
+private:
+    int32_t n_experts_;
+    std::vector<SlotPool<P>> pools_;
+    std::vector<int32_t> offset_;
+};
+
+// The engine's view: a type-erased cache over (layer, expert). Layer is the MoE layer's index
+// among MoE layers (0 = the first MoE layer).
+class ExpertCache {
+public:
+    virtual ~ExpertCache() = default;
+    virtual AccessResult access(int32_t layer, int32_t expert, const AccessHint& hint = {},
+                                bool pin = true) = 0;
+    // Loads the expert if absent without counting a use (hit: it was already resident).
+    AccessResult prefetch(int32_t layer, int32_t expert, bool pin = false) {
+        AccessHint h;
+        h.use = false;
+        return access(layer, expert, h, pin);
+    }
+    virtual void unpin(int32_t layer, int32_t expert) = 0;
+    virtual void unpin_all() = 0;
+    // The expert's slot, or -1 when it is not resident.
+    virtual int32_t slot_of(int32_t layer, int32_t expert) const = 0;
+    const CacheConfig& config() const { return config_; }
+
+protected:
+    explicit ExpertCache(const CacheConfig& c) : config_(c) {}
+    CacheConfig config_;
+};
+
+std::unique_ptr<ExpertCache> make_expert_cache(const CacheConfig& c);
+
+}  // namespace minids::routing

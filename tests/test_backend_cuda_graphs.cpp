@@ -1,0 +1,213 @@
+// The CUDA backend as a whole: a decoder layer built like the model's (merged projection, MLA
+// prologue, absorbed attention, residuals, routed + shared experts) run fused and unfused against
+// the CPU; a reusable graph replayed as a CUDA graph with new inputs every step against eager
+// computation on an independent backend; buffers, copies, host registration and the leaf checks.
+#ifdef MINIDS_HAVE_CUDA
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+
+#include "cuda_layer_fixture.h"
+#include "cuda_parity_util.h"
+
+using namespace minids::test;
+using mgl::dtype;
+
+namespace {
+
+const bool no_gpu = !cuda_device_available();
+
+mgl::cuda_options unfused() {
+    mgl::cuda_options o;
+    o.fuse = {false, false, false, false};
+    return o;
+}
+
+double compare(const std::vector<std::vector<double>>& got,
+               const std::vector<std::vector<double>>& want) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        size_t nan = 0;
+        worst = std::max(worst, rel_l2(got[i], want[i], nan));
+        CHECK(nan == 0);
+    }
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" *
+          doctest::skip(no_gpu)) {
+    if (std::getenv("MINIDS_CUDA_FUSE")) MESSAGE("MINIDS_CUDA_FUSE is set: fusions may be off");
+    auto fused_be = mgl::make_cuda_backend();
+    auto plain_be = mgl::make_cuda_backend(unfused());
+    auto cpu_be = mgl::make_cpu_backend(2);
+    for (int64_t T : {1, 3, 20}) {
+        for (dtype pages_type : {dtype::f32, dtype::bf16}) {
+            for (dtype experts : {dtype::bf16, dtype::f8_e4m3}) {
+                CAPTURE(T);
+                CAPTURE(mgl::dtype_name(pages_type));
+                CAPTURE(mgl::dtype_name(experts));
+                side cpu(*cpu_be), fused(*fused_be), plain(*plain_be);
+                layer_io io_c, io_f, io_p;
+                const auto want = cpu.run(decoder_layer(cpu, T, pages_type, experts, io_c));
+                const auto got_f = fused.run(decoder_layer(fused, T, pages_type, experts, io_f));
+                const auto got_p = plain.run(decoder_layer(plain, T, pages_type, experts, io_p));
+                const mgl::cuda_graph_info fi = mgl::cuda_graph_info_of(*fused_be, fused.graph);
+                const mgl::cuda_graph_info pi = mgl::cuda_graph_info_of(*plain_be, plain.graph);
+                INFO("fused: " << fi.launches << " launches for " << fi.nodes << " nodes ("
+                               << fi.fused_norm << " norm, " << fi.fused_residual << " residual, "
+                               << fi.fused_route << " route, " << fi.fused_mla_prep
+                               << " mla_prep); unfused: " << pi.launches);
+                if (!std::getenv("MINIDS_CUDA_FUSE")) {
+                    CHECK(fi.fused_norm == (T <= 16 ? 2 : 0));
+                    CHECK(fi.fused_residual == 2);
+                    CHECK(fi.fused_route == 1);
+                    CHECK(fi.fused_mla_prep == 1);
+                    CHECK(fi.launches < pi.launches);
+                }
+                CHECK(pi.fused_norm + pi.fused_residual + pi.fused_route + pi.fused_mla_prep == 0);
+                // T <= 16 runs FP32 paths throughout; T = 20 takes cuBLAS (BF16 x), grouped MoE
+                // on tensor cores (BF16 activations) and bf16-cache attention on tensor cores.
+                const double bound = T <= 16 ? 1e-4 : 3e-2;
+                const double e_fused = compare(got_f, want), e_plain = compare(got_p, want);
+                const double e_between = compare(got_f, got_p);
+                INFO("relative L2 vs CPU: fused " << e_fused << ", unfused " << e_plain
+                                                  << "; fused vs unfused " << e_between);
+                CHECK(e_fused <= bound);
+                CHECK(e_plain <= bound);
+                CHECK(e_between <= bound);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals eager runs" *
+          doctest::skip(no_gpu)) {
+    mgl::cuda_options eager_opts;
+    eager_opts.graphs = false;
+    auto graph_be = mgl::make_cuda_backend();
+    auto eager_be = mgl::make_cuda_backend(eager_opts);
+    auto cpu_be = mgl::make_cpu_backend(2);
+    for (dtype pages_type : {dtype::f32, dtype::bf16}) {
+        CAPTURE(mgl::dtype_name(pages_type));
+        side replayed(*graph_be), eager(*eager_be), cpu(*cpu_be);
+        layer_io io_r, io_e, io_c;
+        const auto outs_r = decoder_layer(replayed, 1, pages_type, dtype::f8_e4m3, io_r);
+        const auto outs_e = decoder_layer(eager, 1, pages_type, dtype::f8_e4m3, io_e);
+        const auto outs_c = decoder_layer(cpu, 1, pages_type, dtype::f8_e4m3, io_c);
+        replayed.run(outs_r, /*reusable=*/true);
+        eager.run(outs_e, true);
+        cpu.run(outs_c, true);
+        // A different token and position every step (positions jump across pages).
+        const int32_t positions[] = {3, 4, 9, 17, 30, 31, 63, 40, 41, 0};
+        double worst_replay = 0, worst_cpu = 0;
+        int step = 0;
+        for (int32_t p : positions) {
+            const int32_t token = (p * 7 + step * 3 + 1) % int32_t(layer::V);
+            for (auto [s, io] : {std::pair{&replayed, &io_r}, {&eager, &io_e}, {&cpu, &io_c}}) {
+                s->set(io->tokens, &token);
+                s->set(io->positions, &p);
+            }
+            if (step == 4) {
+                // A graph with a bigger workspace (an f8 GEMM dequantizes 4 MiB of weights) on
+                // the same backend: the recorded graph must be captured again, not replayed
+                // with the old workspace.
+                side other(*graph_be);
+                mgl::tensor* x = other.random(dtype::f32, {64, 1024}, 20);
+                mgl::tensor* w = other.random(dtype::f8_e4m3, {2048, 1024}, 21);
+                mgl::tensor* sc = other.random(dtype::f32, {2048}, 22, 0.01f, 0.1f);
+                other.run({mgl::matmul(other.ctx, x, w, sc)});
+            }
+            const auto got = replayed.compute(outs_r);
+            const auto ref = eager.compute(outs_e);
+            const auto cpu_ref = cpu.compute(outs_c);
+            worst_replay = std::max(worst_replay, compare(got, ref));
+            worst_cpu = std::max(worst_cpu, compare(got, cpu_ref));
+            ++step;
+        }
+        const mgl::cuda_graph_info ri = mgl::cuda_graph_info_of(*graph_be, replayed.graph);
+        const mgl::cuda_graph_info ei = mgl::cuda_graph_info_of(*eager_be, eager.graph);
+        INFO("replayed vs eager: worst relative L2 "
+             << worst_replay << "; vs CPU " << worst_cpu << "; CUDA graph launches "
+             << ri.graph_launches << ", eager runs " << ri.eager_runs);
+        CHECK(worst_replay <= 1e-6);
+        CHECK(worst_cpu <= 1e-4);
+        if (!std::getenv("MINIDS_CUDA_GRAPHS") && !std::getenv("MINIDS_CUDA_SYNC")) {
+            CHECK(ri.captured);
+            CHECK(ri.eager_runs == 1);  // the warm-up run before the first capture
+            CHECK(ri.graph_launches == std::size(positions));
+        }
+        CHECK_FALSE(ei.captured);
+        CHECK(ei.graph_launches == 0);
+    }
+}
+
+TEST_CASE("cuda backend: buffers, copies, host registration, leaf checks, supports_op" *
+          doctest::skip(no_gpu)) {
+    auto be = mgl::make_cuda_backend();
+    CHECK(std::string(be->name()) == "cuda");
+    CHECK(be->compute_memory() == mgl::memory_kind::device);
+    const mgl::cuda_device_info info = mgl::cuda_info();
+    CHECK(info.present);
+    CHECK(info.sm_count > 0);
+    MESSAGE("CUDA device: " << info.name << ", " << info.sm_count << " SMs, "
+                            << info.free_bytes / (1 << 20) << " of " << info.total_bytes / (1 << 20)
+                            << " MiB free");
+
+    // Round trip through a device buffer, with offsets.
+    auto dev = be->alloc_buffer(4096);
+    CHECK(dev->kind() == mgl::memory_kind::device);
+    mgl::context ctx;
+    mgl::tensor* t = ctx.new_tensor(dtype::f32, {1024}, "t");
+    mgl::bind(*t, *dev, 0);
+    auto values = random_floats(1024, 7);
+    be->upload(*t, values.data(), 0, 4096);
+    std::vector<float> back(100);
+    be->download(*t, back.data(), 400, 400);
+    CHECK(std::equal(back.begin(), back.end(), values.begin() + 100));
+    CHECK_THROWS_AS(be->download(*t, back.data(), 4000, 400), mgl::error);
+
+    // Pinned staging: host-writable, async upload ordered before the next download.
+    auto pinned = be->alloc_host_buffer(4096);
+    CHECK(pinned->kind() == mgl::memory_kind::pinned_host);
+    std::memcpy(pinned->base(), values.data(), 4096);
+    be->upload_async(*t, pinned->base(), 0, 4096);
+    std::vector<float> all(1024);
+    be->download(*t, all.data(), 0, 4096);
+    CHECK(all == values);
+
+    // Registered host memory is read by kernels in place; unregistered memory is refused.
+    std::vector<float> host_table = random_floats(64 * 16, 8);
+    auto reg = be->register_host(host_table.data(), host_table.size() * 4, true);
+    REQUIRE(reg != nullptr);
+    side s(*be);
+    mgl::tensor* table = s.ctx.new_tensor(dtype::f32, {64, 16}, "registered_table");
+    table->data = const_cast<void*>(reg->device_address(host_table.data()));
+    const auto rows = s.run({mgl::get_rows(s.ctx, table, s.i32({2}, {63, 1}))});
+    CHECK(rows[0][0] == double(host_table[63 * 16]));
+    CHECK(rows[0][16] == double(host_table[16]));
+    std::vector<float> plain(64 * 16, 1.0f);
+    side bad(*be);
+    mgl::tensor* unreg = bad.ctx.new_tensor(dtype::f32, {64, 16}, "plain_host_table");
+    unreg->data = plain.data();
+    mgl::tensor* out = mgl::get_rows(bad.ctx, unreg, bad.i32({1}, {0}));
+    mgl::graph g = mgl::build_graph(bad.ctx, {out});
+    CHECK_THROWS_WITH_AS(be->allocate(g), doctest::Contains("plain_host_table"), mgl::error);
+
+    // Every op of the decoder layer is supported; the stale-arena check applies.
+    side layer(*be);
+    layer_io io;
+    const auto outs = decoder_layer(layer, 2, dtype::bf16, dtype::f8_e4m3, io);
+    layer.run(outs);
+    for (const mgl::tensor* n : layer.graph.nodes) CHECK(be->supports_op(*n));
+    side bigger(*be);
+    layer_io io2;
+    const auto outs2 = decoder_layer(bigger, 30, dtype::bf16, dtype::f8_e4m3, io2);
+    mgl::graph g2 = mgl::build_graph(bigger.ctx, std::span<mgl::tensor* const>(outs2));
+    be->allocate(g2, layer.arena);  // grows the arena the first graph was placed in
+    CHECK_THROWS_WITH_AS(be->compute(layer.graph), doctest::Contains("allocate it again"),
+                         mgl::error);
+}
+
+#endif  // MINIDS_HAVE_CUDA
