@@ -33,6 +33,10 @@ void run_cpy(exec_context& ex, tensor& node);
 void run_contiguous(exec_context& ex, tensor& node);
 void run_concat(exec_context& ex, tensor& node);
 
+// row[0, n) <- softmax(scale · row), in place: the max subtracted first, the sum in double. The
+// softmax op and the MLA attention's scores both use it.
+void softmax_row(float* row, int64_t n, float scale);
+
 // y[m, n0..n1) for a contiguous-K weight, split over the pool's threads by output rows.
 void matmul_parallel(exec_context& ex, const matmul_job& job, int64_t N);
 

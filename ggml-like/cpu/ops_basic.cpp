@@ -134,6 +134,18 @@ void run_rope(exec_context& ex, tensor& node) {
     });
 }
 
+void softmax_row(float* row, int64_t n, float scale) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j] * scale);
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        row[j] = std::exp(row[j] * scale - mx);
+        sum += row[j];
+    }
+    auto inv = float(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
 void run_softmax(exec_context& ex, tensor& node) {
     const tensor& x = *node.src[0];
     const float scale = node.fparams[0];
@@ -145,15 +157,7 @@ void run_softmax(exec_context& ex, tensor& node) {
         float* dst = out_row(node, r);
         read_row(x, r, dst);
         int64_t visible = causal ? std::min(Tk, r % Tq + n_past + 1) : Tk;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, dst[j] * scale);
-        double sum = 0.0;
-        for (int64_t j = 0; j < visible; ++j) {
-            dst[j] = std::exp(dst[j] * scale - mx);
-            sum += dst[j];
-        }
-        auto inv = float(1.0 / sum);
-        for (int64_t j = 0; j < visible; ++j) dst[j] *= inv;
+        softmax_row(dst, visible, scale);
         for (int64_t j = visible; j < Tk; ++j) dst[j] = 0.0f;
     });
 }

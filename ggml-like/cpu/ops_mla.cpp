@@ -55,18 +55,7 @@ void for_each_page(const tensor& pages, const tensor& page_table, int64_t n_ctx,
 }
 
 void softmax_rows(float* scores, int64_t n_rows, int64_t n, float scale) {
-    for (int64_t h = 0; h < n_rows; ++h) {
-        float* sc = scores + h * n;
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < n; ++s) mx = std::max(mx, sc[s] * scale);
-        double sum = 0.0;
-        for (int64_t s = 0; s < n; ++s) {
-            sc[s] = std::exp(sc[s] * scale - mx);
-            sum += sc[s];
-        }
-        auto inv = float(1.0 / sum);
-        for (int64_t s = 0; s < n; ++s) sc[s] *= inv;
-    }
+    for (int64_t h = 0; h < n_rows; ++h) softmax_row(scores + h * n, n, scale);
 }
 
 }  // namespace
