@@ -174,10 +174,12 @@ TEST_CASE("hostile: threads that cannot be started end the command cleanly" *
           doctest::skip(kSanitized)) {
     TempDir dir;
     // 200 threads' stacks do not fit in 1 GB of address space: this hung in the thread pool.
-    CliResult run = run_minids({"run", "-m", demo_model(), "-t", "200", "-p", "hi", "-n", "2"}, "",
-                               {.timeout_s = 60, .vmem_kib = 1000000});
+    // (--cpu: the CPU backend's thread pool is what is tested, also where a GPU is present.)
+    CliResult run =
+        run_minids({"run", "-m", demo_model(), "--cpu", "-t", "200", "-p", "hi", "-n", "2"}, "",
+                   {.timeout_s = 60, .vmem_kib = 1000000});
     check_refused(run, "threads");
-    CliResult chat = run_minids({"chat", "-m", demo_model(), "-t", "200"}, "hi\n",
+    CliResult chat = run_minids({"chat", "-m", demo_model(), "--cpu", "-t", "200"}, "hi\n",
                                 {.timeout_s = 60, .vmem_kib = 1000000});
     check_refused(chat, "threads");
     // The converter's workers: "terminate called without an active exception", exit 134 and a
@@ -223,7 +225,9 @@ TEST_CASE("hostile: outputs are checked before the work and written whole") {
     TempDir dir;
     const std::string model = demo_model();
     const auto args = [&](std::vector<std::string> extra) {
-        std::vector<std::string> a = {"run", "-m", model, "-p", "hello", "-n", "4", "--temp", "0"};
+        // --cpu: the file writes are tested; a GPU's driver would also write under ulimit -f.
+        std::vector<std::string> a = {"run",   "-m", model, "--cpu",  "-p",
+                                      "hello", "-n", "4",   "--temp", "0"};
         a.insert(a.end(), extra.begin(), extra.end());
         return a;
     };

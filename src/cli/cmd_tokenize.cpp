@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "mds/reader.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_fields.h"
 
 namespace minids::cli {
 
@@ -67,7 +68,7 @@ void tokenize_jsonl(const Tokenizer& tok, std::istream& in, bool add_special, st
         }
         if (!j.is_string()) {
             throw InputError("input line " + std::to_string(line_no) +
-                             ": expected a JSON string, found " + std::string(j.type_name()));
+                             ": expected a JSON string, found " + describe_json(j));
         }
         try {
             append_ids_json(tok.encode(j.get_ref<const std::string&>(), add_special), out);

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/json_fields.h"
 #include "util/strict_json.h"
 
 namespace minids::convert {
@@ -26,10 +27,6 @@ namespace fs = std::filesystem;
 
 [[noreturn]] void fail(const fs::path& file, const std::string& msg) {
     throw InputError(file.string() + ": " + msg);
-}
-
-std::string json_type(const json& v) {
-    return v.is_number_integer() ? "an integer" : v.type_name();
 }
 
 struct Fd {
@@ -54,7 +51,7 @@ bool parse_dtype(const std::string& s, StDtype& out) {
 uint64_t json_u64(const fs::path& file, const std::string& field, const json& v) {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
         fail(file,
-             "field \"" + field + "\": expected a non-negative integer, found " + json_type(v));
+             "field \"" + field + "\": expected a non-negative integer, found " + describe_json(v));
     return v.get<uint64_t>();
 }
 
@@ -132,22 +129,22 @@ StHeader read_safetensors_header(const fs::path& path) {
     const uint64_t data_size = h.file_size - h.data_start;
 
     json j = parse_json_strict(text, path.string() + " header");
-    if (!j.is_object()) fail(path, "header: expected a JSON object, found " + json_type(j));
+    if (!j.is_object()) fail(path, "header: expected a JSON object, found " + describe_json(j));
     for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string& name = it.key();
         const json& v = it.value();
         if (name == "__metadata__") {
             if (!v.is_object())
-                fail(path, "field \"__metadata__\": expected an object, found " + json_type(v));
+                fail(path, "field \"__metadata__\": expected an object, found " + describe_json(v));
             for (auto m = v.begin(); m != v.end(); ++m)
                 if (!m.value().is_string())
                     fail(path, "field \"__metadata__." + m.key() + "\": expected a string, found " +
-                                   json_type(m.value()));
+                                   describe_json(m.value()));
             continue;
         }
         if (name.empty()) fail(path, "header: a tensor has an empty name");
         if (!v.is_object())
-            fail(path, "tensor \"" + name + "\": expected an object, found " + json_type(v));
+            fail(path, "tensor \"" + name + "\": expected an object, found " + describe_json(v));
         for (auto k = v.begin(); k != v.end(); ++k)
             if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
                 fail(path, "tensor \"" + name + "\": unknown field \"" + k.key() + "\"");
@@ -235,7 +232,7 @@ Checkpoint open_checkpoint(const fs::path& dir) {
         for (auto it = wm->begin(); it != wm->end(); ++it) {
             if (!it.value().is_string())
                 fail(index_path, "weight_map \"" + it.key() + "\": expected a file name, found " +
-                                     json_type(it.value()));
+                                     describe_json(it.value()));
             std::string file = it.value().get<std::string>();
             // A shard must be a plain file name inside the checkpoint directory.
             if (file.empty() || file.find('/') != std::string::npos ||
