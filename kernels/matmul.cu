@@ -576,7 +576,9 @@ MatmulParams matmul_params_contiguous(mgl::dtype w_type, const void* w, const fl
 int64_t matmul_gemv_max_m() { return 16; }
 
 MatmulPath matmul_choose_path(const MatmulParams& p) {
-    if (p.m > matmul_gemv_max_m()) return MatmulPath::gemm;
+    // Narrow products (a MoE router: 64-256 outputs) stay in FP32 even for many rows: BF16 inputs
+    // would move router logits enough to flip top-k choices, and they are cheap anyway.
+    if (p.m > matmul_gemv_max_m()) return p.n <= 256 ? MatmulPath::generic : MatmulPath::gemm;
     if (detail::stream_gemv_ok(p)) return MatmulPath::stream;
     if (tensor_core_gemv_ok(p)) return MatmulPath::gemv;
     if (column_layout(p)) return MatmulPath::gemv_column;

@@ -4,7 +4,7 @@
 # benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
-#   scripts/gpu_check.sh [--kernels] [--full-size] [--fixtures] [--quick]
+#   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--quick]
 #
 # Builds nothing: it runs the binaries in $BIN (default build/; a build made on another machine
 # with -arch=sm_90 and static cudart runs as is). Logs and results go to $OUT (default
@@ -17,13 +17,14 @@ WORK="${WORK:-/tmp/minids_gpu_check}"
 mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
-KERNELS=0 FULL=0 FIXTURES=0 QUICK=0
+KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0
 for a in "$@"; do
     case "$a" in
         --kernels) KERNELS=1 ;;
         --full-size) FULL=1 ;;
         --fixtures) FIXTURES=1 ;;
         --quick) QUICK=1 ;;
+        --all-tests) ALL_TESTS=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -37,19 +38,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
     > "$OUT/gpu.txt" 2>&1
 say "gpu: $(head -1 "$OUT/gpu.txt")  commit: $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
 
-# 1. GPU test cases, then the whole suite (CPU tests included).
-"$BIN/minids_tests" -tc='cuda*' > "$OUT/tests_cuda.log" 2>&1
+# 1. GPU test cases (and with --all-tests the whole suite, CPU tests included).
+timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' > "$OUT/tests_cuda.log" 2>&1
 say "tests (cuda*): $(grep -E '^\[doctest\] test cases' "$OUT/tests_cuda.log" | tail -1) [$(elapsed)]"
-if [[ $QUICK == 0 ]]; then
-    "$BIN/minids_tests" > "$OUT/tests_all.log" 2>&1
+if [[ $ALL_TESTS == 1 ]]; then
+    timeout 900 "$BIN/minids_tests" > "$OUT/tests_all.log" 2>&1
     say "tests (all):   $(grep -E '^\[doctest\] test cases' "$OUT/tests_all.log" | tail -1) [$(elapsed)]"
 fi
 
 # 2. The demo model, greedy, on the GPU and on the CPU: the same text is expected (both compute
 # in FP32; the GPU's BF16 KV cache is forced to F32 here so the comparison is like for like).
 prompt="Return the number of"
-"$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 > "$OUT/demo_gpu.txt" 2> "$OUT/demo_gpu.log"
-"$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cpu > "$OUT/demo_cpu.txt" 2> "$OUT/demo_cpu.log"
+timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 > "$OUT/demo_gpu.txt" 2> "$OUT/demo_gpu.log"
+timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cpu > "$OUT/demo_cpu.txt" 2> "$OUT/demo_cpu.log"
 if cmp -s "$OUT/demo_gpu.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
 say "demo model greedy 48 tokens, GPU vs CPU: $same; GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
 
@@ -57,19 +58,18 @@ say "demo model greedy 48 tokens, GPU vs CPU: $same; GPU: $(grep -o '[0-9.]* tok
 bench_model() {  # $1 = expert dtype
     local f="$WORK/v2-lite-$1.mds"
     rm -f "$f"
-    "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype "$1" -o "$f" > "$OUT/convert_$1.log" 2>&1 ||
+    timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype "$1" -o "$f" > "$OUT/convert_$1.log" 2>&1 ||
         { say "convert v2-lite $1: FAILED (see convert_$1.log)"; return; }
     # Time to first token with the file in the page cache (read once before).
     cat "$f" > /dev/null
     local s=$(date +%s.%N)
-    "$BIN/minids" run -m "$f" -p "hello" -n 1 --temp 0 > /dev/null 2> "$OUT/ttft_$1.log"
+    timeout 120 "$BIN/minids" run -m "$f" -p "hello" -n 1 --temp 0 > /dev/null 2> "$OUT/ttft_$1.log"
     local e=$(date +%s.%N)
-    say "v2-lite $1: process start to first token $(echo "$e - $s" | bc) s"
+    say "v2-lite $1: process start to first token $(awk "BEGIN { printf \"%.2f\", $e - $s }") s"
     local reps=5; [[ $QUICK == 1 ]] && reps=2
-    "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
-    "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o json > "$OUT/bench_$1.json" 2>> "$OUT/bench_$1.log"
+    timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
-        "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
+        timeout 400 "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
     fi
     for t in "$OUT/bench_$1.md" "$OUT/bench_$1_d32k.md"; do
         [[ -f $t ]] && grep -E '\| (pp|tg)[0-9]' "$t" | while read -r line; do say "bench $1: $line"; done
@@ -90,9 +90,10 @@ fi
 
 # 5. Optional: the variant fixtures from transformers (issue 13) and the full-size check.
 if [[ $FIXTURES == 1 ]]; then
-    python3 scripts/make_variant_fixtures.py "$WORK/fx" > "$OUT/fixtures.log" 2>&1
+    timeout 400 python3 scripts/make_variant_fixtures.py "$WORK/fx" > "$OUT/fixtures.log" 2>&1
     say "variant fixtures: rc=$? $(tail -1 "$WORK/fx/summary.txt" 2>/dev/null)"
-    cp "$WORK/fx/variants.tar.gz" "$WORK/fx/summary.txt" "$OUT/" 2>/dev/null
+    cp "$WORK/fx/variants.tar.gz" "$OUT/" 2>/dev/null
+    cp "$WORK/fx/summary.txt" "$OUT/fixtures_summary.txt" 2>/dev/null
 fi
 if [[ $FULL == 1 ]]; then
     OUT="$OUT/full_size" MINIDS="$BIN/minids" scripts/full_size_check.sh > "$OUT/full_size.log" 2>&1

@@ -297,6 +297,9 @@ TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemv);
     p.m = kernels::matmul_gemv_max_m() + 1;
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm);
+    p.n = 64;  // a router: narrow products stay FP32 however many rows
+    CHECK(kernels::matmul_choose_path(p) == MatmulPath::generic);
+    p.n = 2048;
     p.m = 1;
     p.k = 2047;  // rows are no whole number of 16-byte chunks
     p.w_row_stride = 2047 * 2;

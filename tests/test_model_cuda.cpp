@@ -146,12 +146,15 @@ TEST_CASE(
             const std::vector<float> full = one_shot.eval(prompt, true);
             const double vs_cpu = worst_position_error(
                 gpu_rows, T, V, [&](size_t t, size_t v) { return double(cpu_rows[t * V + v]); });
-            const double vs_full = worst_position_error(
-                gpu_rows, T, V, [&](size_t t, size_t v) { return double(full[t * V + v]); });
+            // The prompt pass computes its big matmuls with BF16 inputs (cuBLAS, tensor-core MoE
+            // and MLA) and the decode steps in FP32: compared as the issue bounds BF16 compute,
+            // by the relative L2 of all the logits.
+            const std::vector<double> full_d(full.begin(), full.end());
+            const double vs_full = relative_l2(gpu_rows, full_d);
             MESSAGE("CUDA incremental decode, "
                     << mgl::dtype_name(experts) << " experts, " << mgl::dtype_name(kv)
                     << " KV: worst max|diff|/max|row| vs the CPU " << vs_cpu
-                    << " (bound 1e-4), vs one CUDA prompt "
+                    << " (bound 1e-4), relative L2 vs one CUDA prompt "
                     << "pass " << vs_full << " (bound 2e-2)");
             CHECK(vs_cpu <= 1e-4);
             CHECK(vs_full <= 2e-2);

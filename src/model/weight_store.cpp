@@ -1,6 +1,8 @@
 #include "model/weight_store.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace minids {
@@ -94,10 +96,26 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
         dense_ = backend_.alloc_buffer(std::max<uint64_t>(dense, 1));
         if (experts) experts_ = backend_.alloc_buffer(experts);
 
-        // Page-lock the mapping for the copy (read-only); without it the copies still work, from
-        // pageable memory at a fraction of the speed.
-        auto registration = backend_.register_host(file_.map_base(), file_.file_size(), true);
+        // Page-locking the whole mapping first (read-only) lets the copies run at PCIe speed, but
+        // measured on the H200 machine with a 17 GB file not yet in the page cache, the
+        // registration had not returned after 45 s while plain pageable copies loaded everything
+        // in 10 s (docs/perf.md). So the one-time load copies from pageable memory unless
+        // MINIDS_HOST_REGISTER=1 asks for the registration (the expert cache will register ranges
+        // it streams repeatedly).
+        const char* reg = std::getenv("MINIDS_HOST_REGISTER");
+        const bool trace = std::getenv("MINIDS_LOAD_TRACE") != nullptr;
+        auto stamp = [&](const char* what) {
+            if (trace)
+                std::fprintf(
+                    stderr, "weight store: %s at %.3f s\n", what,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        };
+        stamp("allocated");
+        std::unique_ptr<mgl::host_registration> registration;
+        if (reg && *reg == '1')
+            registration = backend_.register_host(file_.map_base(), file_.file_size(), true);
         placement_.registered = registration != nullptr;
+        stamp(registration ? "registered the mapping" : "mapping not registered");
 
         const uint64_t all = dense + experts;
         uint64_t done = 0;
@@ -119,6 +137,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             }
             mgl::bind(*it.t, *dense_, it.offset);
         }
+        stamp("dense weights copied");
         uint64_t slot = 0;
         for (const Table& tb : tables_) {
             for (const uint8_t* b : tb.blobs) {
@@ -129,6 +148,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             }
         }
         if (progress) progress(all, all);
+        stamp("experts copied");
         owned_.clear();
     }
 

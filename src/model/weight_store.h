@@ -4,9 +4,10 @@
 // then decides. A backend that computes in host memory (the CPU) reads the mapping itself:
 // nothing is copied. A backend with its own memory (CUDA) gets one copy of everything, made once
 // at load: the dense weights in one buffer, the routed experts' blobs in another, copied from the
-// mapping registered with the device (read-only, so the copies run at PCIe speed; plain pageable
-// copies when registration is refused). Merged weights (rows of several checkpoint tensors
-// stacked, for one matmul instead of several) exist only in copied stores.
+// mapping (pageable copies by default; registering the whole mapping first proved slower on a
+// file outside the page cache, see weight_store.cpp; MINIDS_HOST_REGISTER=1 does it). Merged
+// weights (rows of several checkpoint tensors stacked, for one matmul instead of several) exist
+// only in copied stores.
 //
 // Each MoE layer gets an expert table, an i64 tensor [n_experts] holding the address of each
 // expert's blob in the backend's memory: that is what moe_experts reads.
