@@ -4,7 +4,10 @@
 # benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
-#   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--quick]
+#   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
+#
+# --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
+# and of the prompt pass) whose tables go to $OUT/profile_f8.log.
 #
 # Builds nothing: it runs the binaries in $BIN (default build/; a build made on another machine
 # with -arch=sm_90 and static cudart runs as is). Logs and results go to $OUT (default
@@ -17,13 +20,14 @@ WORK="${WORK:-/tmp/minids_gpu_check}"
 mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
-KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0
+KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0
 for a in "$@"; do
     case "$a" in
         --kernels) KERNELS=1 ;;
         --full-size) FULL=1 ;;
         --fixtures) FIXTURES=1 ;;
         --quick) QUICK=1 ;;
+        --profile) PROFILE=1 ;;
         --all-tests) ALL_TESTS=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
@@ -70,6 +74,13 @@ bench_model() {  # $1 = expert dtype
     timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
         timeout 400 "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
+    fi
+    if [[ $PROFILE == 1 && $1 == f8_e4m3 ]]; then
+        MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
+            > /dev/null 2> "$OUT/profile_f8.log"
+        MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 32 -d 32768 -r 1 \
+            -o md > /dev/null 2> "$OUT/profile_f8_d32k.log"
+        say "profile f8_e4m3: $(grep -c 'cuda profile' "$OUT/profile_f8.log") tables in profile_f8.log"
     fi
     for t in "$OUT/bench_$1.md" "$OUT/bench_$1_d32k.md"; do
         [[ -f $t ]] && grep -E '\| (pp|tg)[0-9]' "$t" | while read -r line; do say "bench $1: $line"; done

@@ -13,6 +13,7 @@
 #include "fusion.h"
 #include "launches.h"
 #include "mgl-cuda.h"
+#include "step_profile.h"
 
 namespace mgl {
 
@@ -58,6 +59,9 @@ struct graph_plan {
     graph_exec recording;
     uint64_t recorded_workspace_generation = 0;
     uint64_t graph_launches = 0, eager_runs = 0;
+    // MINIDS_CUDA_PROFILE: time per launch of the replayed recording and of eager runs.
+    std::unique_ptr<step_profile> replay_profile, eager_profile;
+    std::string title;
 };
 
 // Growable device workspace: only grows; a new buffer invalidates recordings (generation).
@@ -74,6 +78,7 @@ public:
           pdl_(o.pdl && env_flag("MINIDS_CUDA_PDL", true)),
           verbose_(env_flag("MINIDS_CUDA_VERBOSE", false)),
           sync_each_(env_flag("MINIDS_CUDA_SYNC", false)),
+          profile_(env_flag("MINIDS_CUDA_PROFILE", false)),
           fusions_(fusion_switches_from_env(o.fuse)),
           stream_((use_device(), cuda::stream())),
           cublas_(stream_.get(), size_t(32) << 20),
@@ -82,7 +87,11 @@ public:
         error_device_ = static_cast<device_error*>(error_record_.device_pointer());
     }
 
-    ~cuda_backend() override { (void)cudaStreamSynchronize(stream_.get()); }
+    ~cuda_backend() override {
+        (void)cudaStreamSynchronize(stream_.get());
+        for (auto& [version, plan] : plans_) merge_profile(*plan);
+        for (const auto& [title, t] : profiles_) std::fputs(t.format(title).c_str(), stderr);
+    }
 
     const char* name() const override { return "cuda"; }
     bool supports_op(const tensor& node) const override {
@@ -180,6 +189,7 @@ public:
             }
             p.recording.launch(stream_.get());
             ++p.graph_launches;
+            if (p.replay_profile) p.replay_profile->collect(stream_.get());
             return;
         }
         run_eager(p, env);
@@ -279,6 +289,7 @@ private:
         p->fused_residual = fusions.n_residual;
         p->fused_route = fusions.n_route;
         p->fused_mla_prep = fusions.n_mla_prep;
+        p->title = std::to_string(g.nodes.size()) + "-node graph" + (g.reusable ? " (reusable)" : "");
         reserve(matmul_ws_, p->launches.matmul_workspace_bytes, true);
         reserve(scratch_, p->launches.scratch_bytes, false);
         // Keep the plans of the graphs used last; an evicted one is rebuilt if computed again.
@@ -287,6 +298,7 @@ private:
             auto oldest =
                 std::min_element(last_use_.begin(), last_use_.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+            merge_profile(*plans_[oldest->first]);
             plans_.erase(oldest->first);
             last_use_.erase(oldest);
         }
@@ -325,8 +337,31 @@ private:
         }
     }
 
-    void run_eager(graph_plan& p, const exec_env& env) {
+    static std::vector<std::string> step_labels(const graph_plan& p) {
+        std::vector<std::string> labels;
         for (const launch_step& s : p.launches.steps) {
+            labels.push_back(s.what + " " + (s.node ? s.node->name : std::string()));
+        }
+        return labels;
+    }
+
+    void merge_profile(const graph_plan& p) {
+        if (p.replay_profile) p.replay_profile->merge_into(profiles_[p.title + ", graph replays"]);
+        if (p.eager_profile) p.eager_profile->merge_into(profiles_[p.title + ", eager runs"]);
+    }
+
+    void run_eager(graph_plan& p, const exec_env& env) {
+        step_profile* prof = nullptr;
+        if (profile_ && !sync_each_) {
+            if (!p.eager_profile) {
+                p.eager_profile = std::make_unique<step_profile>();
+                p.eager_profile->set_labels(step_labels(p));
+            }
+            prof = p.eager_profile.get();
+        }
+        for (size_t i = 0; i < p.launches.steps.size(); ++i) {
+            const launch_step& s = p.launches.steps[i];
+            if (prof) prof->mark(i, env.stream, false);
             run_step(s, env);
             if (sync_each_) {
                 const cudaError_t err = cudaStreamSynchronize(env.stream);
@@ -337,14 +372,28 @@ private:
                 }
             }
         }
+        if (prof) {
+            prof->mark(p.launches.steps.size(), env.stream, false);
+            prof->collect(env.stream);
+        }
         ++p.eager_runs;
     }
 
     void capture(const graph& g, graph_plan& p, const exec_env& env) {
         p.recording = graph_exec();
+        step_profile* prof = nullptr;
+        if (profile_) {
+            p.replay_profile = std::make_unique<step_profile>();
+            p.replay_profile->set_labels(step_labels(p));
+            prof = p.replay_profile.get();
+        }
         CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
         try {
-            for (const launch_step& s : p.launches.steps) run_step(s, env);
+            for (size_t i = 0; i < p.launches.steps.size(); ++i) {
+                if (prof) prof->mark(i, stream_.get(), true);
+                run_step(p.launches.steps[i], env);
+            }
+            if (prof) prof->mark(p.launches.steps.size(), stream_.get(), true);
         } catch (...) {
             cudaGraph_t partial = nullptr;
             (void)cudaStreamEndCapture(stream_.get(), &partial);
@@ -376,7 +425,7 @@ private:
     }
 
     int device_;
-    bool graphs_, pdl_, verbose_, sync_each_;
+    bool graphs_, pdl_, verbose_, sync_each_, profile_;
     fusion_switches fusions_;
     cuda::stream stream_;
     cublas_handle cublas_;
@@ -388,6 +437,7 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<graph_plan>> plans_;
     std::unordered_map<uint64_t, uint64_t> last_use_;
     uint64_t clock_ = 0;
+    std::map<std::string, profile_table> profiles_;  // MINIDS_CUDA_PROFILE, by graph shape
 };
 
 }  // namespace
