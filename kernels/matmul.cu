@@ -577,8 +577,11 @@ int64_t matmul_gemv_max_m() { return 16; }
 
 MatmulPath matmul_choose_path(const MatmulParams& p) {
     // Narrow products (a MoE router: 64-256 outputs) stay in FP32 even for many rows: BF16 inputs
-    // would move router logits enough to flip top-k choices, and they are cheap anyway.
-    if (p.m > matmul_gemv_max_m()) return p.n <= 256 ? MatmulPath::generic : MatmulPath::gemm;
+    // would move router logits enough to flip top-k choices, and they are cheap anyway. Batched
+    // narrow products (MLA's per-head W_uv, 16 heads x 128 outputs) are GEMMs like the rest: on
+    // the FP32 CUDA-core kernel they were among the slowest launches of a 512-token prompt pass.
+    if (p.m > matmul_gemv_max_m())
+        return p.n <= 256 && p.batch == 1 ? MatmulPath::generic : MatmulPath::gemm;
     if (detail::stream_gemv_ok(p)) return MatmulPath::stream;
     if (tensor_core_gemv_ok(p)) return MatmulPath::gemv;
     if (column_layout(p)) return MatmulPath::gemv_column;

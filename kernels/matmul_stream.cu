@@ -1,7 +1,7 @@
 // The streaming GEMV for decode (M <= 8): CUDA cores, FP32 accumulate, one warp per row (or two
 // short rows), every lane issuing eight 16-byte weight loads before it touches x, so each warp
 // keeps 4 KiB of W in flight. x is read through L1 (every warp of the SM reads the same x), the
-// optional RMSNorm of x is computed by the block while its first weight loads are in flight, and
+// optional RMSNorm of x is folded into each warp's pass over x (no barrier), and
 // the optional residual is added when y is written. At batch 1 the cost of a small product is
 // launch and first-load latency, so nothing here waits for anything it does not need.
 #include <cuda_bf16.h>
@@ -74,28 +74,33 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// 1 / sqrt(mean(x[m]²) + eps) for every token row, by the whole block, into inv[].
-template <int M>
-__device__ void block_rms(const StreamArgs& a, const float* xb, float* inv) {
-    __shared__ float partial[M][kWarps];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+// E norm weights starting at k0 as floats: vector loads (the weight is 16-byte aligned).
+template <int E>
+__device__ __forceinline__ void load_norm_w(const StreamArgs& a, int k0, float* g) {
+    if (a.norm_bf16) {
+        const uint4* p =
+            reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.norm_w) + k0);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-        float ss = 0.0f;
-        if (m < a.m) {
-            const float* xr = xb + m * a.x_row_stride;
-            for (int i = threadIdx.x; i < a.k; i += blockDim.x) ss += xr[i] * xr[i];
+        for (int q = 0; q < E / 8; ++q) {
+            const uint4 v = __ldg(p + q);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                g[8 * q + 2 * i] = __uint_as_float(u[i] << 16);
+                g[8 * q + 2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            }
         }
-        ss = warp_sum(ss);
-        if (lane == 0) partial[m][warp] = ss;
+    } else {
+        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.norm_w) + k0);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+            const float4 v = __ldg(p + q);
+            g[4 * q] = v.x;
+            g[4 * q + 1] = v.y;
+            g[4 * q + 2] = v.z;
+            g[4 * q + 3] = v.w;
+        }
     }
-    __syncthreads();
-    if (threadIdx.x < M) {
-        float s = 0.0f;
-        for (int w = 0; w < kWarps; ++w) s += partial[threadIdx.x][w];
-        inv[threadIdx.x] = rsqrtf(s / float(a.k) + a.eps);
-    }
-    __syncthreads();
 }
 
 template <bool FP8, int R, int M>
@@ -106,15 +111,18 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
     const int row0 = (blockIdx.x * kWarps + warp) * R;
     const uint8_t* wb = a.w + b * a.w_batch_stride;
     const float* xb = a.x + b * a.x_batch_stride;
-    __shared__ float inv[M];
 
-    float acc[R][M];
+    // RMSNorm without a block barrier: every warp walks all of K, so it sums x² itself while it
+    // multiplies, and scales its dot products by 1 / rms at the end (W (x g / rms) = (W (x g)) /
+    // rms).
+    float acc[R][M], ss[M];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+        ss[m] = 0.0f;
 #pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+        for (int r = 0; r < R; ++r) acc[r][m] = 0.0f;
+    }
 
-    bool first = true;
     for (int c0 = 0; c0 < a.chunks; c0 += 32 * kUnroll) {
         uint4 wv[R][kUnroll];
 #pragma unroll
@@ -128,24 +136,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
                                                        : make_uint4(0, 0, 0, 0);
             }
         }
-        // The norm is computed while the first loads are in flight (whole block: no early exit).
-        if (first && a.norm) block_rms<M>(a, xb, inv);
-        first = false;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int c = c0 + u * 32 + lane;
             if (c >= a.chunks) break;
             float nw[E];
-            if (a.norm) {
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    const int kk = c * E + e;
-                    nw[e] = a.norm_w == nullptr ? 1.0f
-                            : a.norm_bf16
-                                ? __bfloat162float(static_cast<const __nv_bfloat16*>(a.norm_w)[kk])
-                                : static_cast<const float*>(a.norm_w)[kk];
-                }
-            }
+            if (a.norm && a.norm_w) load_norm_w<E>(a, c * E, nw);
             float wf[R][E];
 #pragma unroll
             for (int r = 0; r < R; ++r) decode_chunk<FP8>(wv[r][u], wf[r]);
@@ -165,7 +161,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
                 }
                 if (a.norm) {
 #pragma unroll
-                    for (int e = 0; e < E; ++e) xf[e] *= inv[m] * nw[e];
+                    for (int e = 0; e < E; ++e) ss[m] = fmaf(xf[e], xf[e], ss[m]);
+                    if (a.norm_w) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) xf[e] *= nw[e];
+                    }
                 }
 #pragma unroll
                 for (int r = 0; r < R; ++r)
@@ -174,6 +174,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
             }
         }
     }
+    float inv[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+        inv[m] = a.norm ? rsqrtf(warp_sum(ss[m]) / float(a.k) + a.eps) : 1.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
@@ -181,7 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
         for (int m = 0; m < M; ++m) {
             const float s = warp_sum(acc[r][m]);
             if (lane == 0 && row < a.n && m < a.m) {
-                float v = s;
+                float v = s * inv[m];
                 if (FP8 && a.scale) v *= a.scale[b * a.scale_batch_stride + row];
                 const int64_t at = b * a.y_batch_stride + m * a.y_row_stride + row;
                 if (a.residual) v += a.residual[at];
@@ -217,9 +221,11 @@ bool stream_gemv_ok(const MatmulParams& p) {
     // Batch strides matter only when there is more than one batch.
     const bool batches_ok =
         p.batch == 1 || (p.w_batch_stride % 16 == 0 && p.x_batch_stride % 4 == 0);
+    // The norm weight is read 16 bytes at a time.
+    const bool norm_ok = !p.rms_norm || reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
     return p.m <= stream_gemv_max_m && p.w_col_stride == e && (p.k * e) % 16 == 0 && w % 16 == 0 &&
            p.w_row_stride % 16 == 0 && x % 16 == 0 && (p.m == 1 || p.x_row_stride % 4 == 0) &&
-           batches_ok;
+           batches_ok && norm_ok;
 }
 
 int stream_rows_per_warp(const MatmulParams& p) {

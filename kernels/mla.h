@@ -85,8 +85,8 @@ void kv_store(const KvStoreParams& p, cudaStream_t stream);
 //                relative error ~1e-3 (tests bound 1e-2). Needs r, rope multiples of 8.
 //   cuda_core:   f32 math throughout (tests bound 1e-5 with f32 pages); the reference, and the
 //                f32-cache decode path.
-//   automatic:   decode: tensor_core for bf16 pages, cuda_core for f32 pages;
-//                prefill: tensor_core.
+//   automatic:   decode: tensor_core for bf16 pages, the CUDA-core decode kernel
+//                (mla_decode_simt) for f32 pages; prefill: tensor_core.
 // Limits (both): r <= 512, rope <= 128, r and rope multiples of 8.
 // ---------------------------------------------------------------------------------------------
 enum class MlaImpl : uint8_t { automatic, tensor_core, cuda_core };
@@ -128,7 +128,7 @@ void mla_decode(const MlaAttnParams& p, cudaStream_t stream);
 
 // The CUDA-core decode kernel (kernels/mla_decode_simt.cu): latency-first, for few query rows
 // (tiles of 4 rows of T·H), r <= 512, cache rows <= 1152 bytes (bf16) / 2304 (f32). mla_decode
-// with impl automatic takes it whenever it applies; its workspace fits in
+// with impl automatic takes it for f32 pages; its workspace fits in
 // mla_attn_workspace_bytes.
 bool mla_decode_simt_supported(const MlaAttnParams& p);
 size_t mla_decode_simt_workspace_bytes(int64_t rows, int64_t r, int max_splits);

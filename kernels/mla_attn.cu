@@ -341,6 +341,14 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     return a;
 }
 
+// Decode with bf16 pages and r > 64 (every real model): 8 warps over the output columns (item 2)
+// was the quickest decode shape at 512, 4K and 32K keys on the H200 (bench_mla_cuda); it is built
+// only for that case, so everything else takes item 0.
+int default_variant(MlaKernel kernel, const MlaAttnParams& p) {
+    const bool wide_bf16 = p.cache.type == mgl::dtype::bf16 && p.cache.kv_lora_rank > 64;
+    return kernel == MlaKernel::decode && wide_bf16 ? 2 : 0;
+}
+
 void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
     const AttnArgs a = make_args(kernel, p);
     MlaImpl impl = p.impl;
@@ -352,7 +360,7 @@ void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
     if (impl == MlaImpl::tensor_core) {
         const TcVariantList list =
             kernel == MlaKernel::decode ? tc_decode_variants() : tc_prefill_variants();
-        const int v = p.variant < 0 ? 0 : p.variant;
+        const int v = p.variant < 0 ? default_variant(kernel, p) : p.variant;
         if (v >= list.count)
             bad("variant " + std::to_string(p.variant) + " out of range (" +
                 std::to_string(list.count) + " variants)");
@@ -400,7 +408,10 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
 }
 
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream) {
-    if (p.impl == MlaImpl::automatic && mla_decode_simt_supported(p))
+    // bf16 pages: the tensor-core kernel at every length (measured faster than the CUDA-core
+    // decode kernel from 512 to 32K keys, docs/perf.md); f32 pages keep FP32 math.
+    if (p.impl == MlaImpl::automatic && p.cache.type != mgl::dtype::bf16 &&
+        mla_decode_simt_supported(p))
         return mla_decode_simt(p, stream);
     mla_detail::run(MlaKernel::decode, p, stream);
 }

@@ -299,6 +299,9 @@ TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm);
     p.n = 64;  // a router: narrow products stay FP32 however many rows
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::generic);
+    p.batch = 16;  // MLA's per-head W_uv for a prompt: a batched GEMM
+    CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm);
+    p.batch = 1;
     p.n = 2048;
     p.m = 1;
     p.k = 2047;  // rows are no whole number of 16-byte chunks

@@ -6,8 +6,9 @@
 // Where the error comes from: prompts of more than 16 tokens take cuBLAS GEMMs with x rounded to
 // BF16, the grouped MoE kernels with BF16 activations and MLA prefill on tensor cores (bound
 // 2e-2 relative L2 against the reference, as for the CPU's BF16 weights). Decode steps and short
-// chunks (<= 16 tokens) run FP32 kernels only, so incremental decoding matches the CPU's to
-// ~1e-5 (bound 1e-4).
+// chunks (<= 16 tokens) run FP32 kernels only except attention over a bf16 cache (tensor cores),
+// so incremental decoding with an f32 cache matches the CPU's to ~1e-5 (bound 1e-4) and with a
+// bf16 cache within the BF16 bound.
 #ifdef MINIDS_HAVE_CUDA
 #include <doctest/doctest.h>
 
@@ -151,12 +152,15 @@ TEST_CASE(
             // by the relative L2 of all the logits.
             const std::vector<double> full_d(full.begin(), full.end());
             const double vs_full = relative_l2(gpu_rows, full_d);
+            // With f32 pages decode attention is FP32 (the CUDA-core kernel); with bf16 pages it
+            // runs on tensor cores (q and the probabilities rounded to BF16): the BF16 bound.
+            const double cpu_bound = kv == mgl::dtype::f32 ? 1e-4 : 2e-2;
             MESSAGE("CUDA incremental decode, "
                     << mgl::dtype_name(experts) << " experts, " << mgl::dtype_name(kv)
-                    << " KV: worst max|diff|/max|row| vs the CPU " << vs_cpu
-                    << " (bound 1e-4), relative L2 vs one CUDA prompt "
+                    << " KV: worst max|diff|/max|row| vs the CPU " << vs_cpu << " (bound "
+                    << cpu_bound << "), relative L2 vs one CUDA prompt "
                     << "pass " << vs_full << " (bound 2e-2)");
-            CHECK(vs_cpu <= 1e-4);
+            CHECK(vs_cpu <= cpu_bound);
             CHECK(vs_full <= 2e-2);
         }
     }

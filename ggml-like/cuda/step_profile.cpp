@@ -43,8 +43,8 @@ void step_profile::set_labels(std::vector<std::string> labels) {
 void step_profile::mark(size_t i, cudaStream_t s, bool capturing) {
     // External: recorded as an event node of the captured graph (a plain record during capture
     // only orders streams).
-    CUDA_CHECK(cudaEventRecordWithFlags(events_.at(i), s,
-                                        capturing ? cudaEventRecordExternal : cudaEventRecordDefault));
+    CUDA_CHECK(cudaEventRecordWithFlags(
+        events_.at(i), s, capturing ? cudaEventRecordExternal : cudaEventRecordDefault));
 }
 
 void step_profile::collect(cudaStream_t s) {

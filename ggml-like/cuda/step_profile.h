@@ -4,8 +4,10 @@
 // measures itself: the profiled recording has a timing event between consecutive launches
 // (captured as event-record nodes, so they replay with the graph), and after each replay the
 // elapsed time of every launch is added up. The extra nodes cost about a graph node each
-// (~0.7 us); the table says so. It is printed to stderr when the backend is destroyed, grouped by
-// launch kind and node name with layer numbers folded ("blk.#.attn_q").
+// (~0.7 us); the table says so. Eager runs (prompt chunks) are timed launch by launch with the
+// queue drained before each, so each row also holds one launch latency (~4 us). It is printed to
+// stderr when the backend is destroyed, grouped by launch kind and node name with layer numbers
+// folded ("blk.#.attn_q").
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -286,8 +286,10 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     // o[t, h] = W_uv[h] · o_lat[t, h], batched over heads.
     o_lat = mgl::permute(ctx, o_lat, {1, 0, 2});                         // [H, T, r]
     mgl::tensor* o = named(mgl::matmul(ctx, o_lat, L.wv_b), "o_h", il);  // [H, T, v]
-    // [T, H, v], copied because a reshape needs a contiguous source
-    o = mgl::contiguous(ctx, mgl::permute(ctx, o, {1, 0, 2}));
+    // [T, H, v]; a reshape needs a contiguous source: a copy for a prompt, none for one token
+    // (the permuted view of [H, 1, v] is already contiguous).
+    o = mgl::permute(ctx, o, {1, 0, 2});
+    if (!o->is_contiguous()) o = mgl::contiguous(ctx, o);
     o = named(mgl::reshape(ctx, o, {T, H * v}), "o", il);     // [T, H·v]
     return named(mgl::matmul(ctx, o, L.wo), "attn_out", il);  // [T, D]
 }
