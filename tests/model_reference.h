@@ -3,7 +3,9 @@
 // Deliberately NOT the engine's absorbed form: every head's full K and V are expanded from
 // kv_b_proj, attention is an explicit causal softmax, the rotary embedding is written out pair by
 // pair, routing is a plain sort. It reads the weights by checkpoint name from a safetensors
-// dictionary, so it can check the engine on any configuration of the family.
+// dictionary, so it can check the engine on any configuration of the family. It follows
+// DeepSeek's modeling_deepseek.py and is itself checked against every variant fixture under
+// tests/data/variants (test_model_reference.cpp; docs/fidelity.md).
 #pragma once
 
 #include <algorithm>
@@ -35,7 +37,7 @@ struct RefConfig {
         topk_group;
     std::optional<int64_t> q_lora_rank, n_shared_experts;
     std::string topk_method;
-    bool norm_topk_prob;
+    bool norm_topk_prob, tie_word_embeddings;
     double routed_scaling_factor, rms_norm_eps, rope_theta;
     std::optional<RefYarn> yarn;
 };
@@ -68,15 +70,30 @@ inline RefConfig ref_config_from_hf(const nlohmann::json& j) {
     c.norm_topk_prob = j.value("norm_topk_prob", false);
     c.routed_scaling_factor = j.value("routed_scaling_factor", 1.0);
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-    c.rope_theta = j.value("rope_theta", 10000.0);
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-        const auto& r = j["rope_scaling"];
-        c.yarn = RefYarn{r.at("factor").get<double>(),
-                         r.value("beta_fast", 32.0),
-                         r.value("beta_slow", 1.0),
-                         r.value("mscale", 1.0),
-                         r.value("mscale_all_dim", 0.0),
-                         r.value("original_max_position_embeddings", int64_t(4096))};
+    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    if (j.value("scoring_func", std::string("softmax")) != "softmax")
+        throw std::runtime_error("reference: only scoring_func softmax (DeepSeek-V2)");
+    // DeepSeek's files carry rope_theta and rope_scaling {type: yarn, ...}; transformers 5 re-saves
+    // them as rope_parameters {rope_type, type, rope_theta, ...} (and may write rope_theta null).
+    c.rope_theta = j.contains("rope_theta") && !j["rope_theta"].is_null()
+                       ? j["rope_theta"].get<double>()
+                       : 10000.0;
+    const nlohmann::json* r = nullptr;
+    for (const char* key : {"rope_parameters", "rope_scaling"})
+        if (!r && j.contains(key) && !j[key].is_null()) r = &j[key];
+    if (r) {
+        if (r->contains("rope_theta")) c.rope_theta = r->at("rope_theta").get<double>();
+        const std::string type = r->value("type", r->value("rope_type", std::string("default")));
+        if (type == "yarn") {
+            c.yarn = RefYarn{r->at("factor").get<double>(),
+                             r->value("beta_fast", 32.0),
+                             r->value("beta_slow", 1.0),
+                             r->value("mscale", 1.0),
+                             r->value("mscale_all_dim", 0.0),
+                             r->value("original_max_position_embeddings", int64_t(4096))};
+        } else if (type != "default") {
+            throw std::runtime_error("reference: rope type " + type + " is not covered");
+        }
     }
     return c;
 }
@@ -118,8 +135,10 @@ public:
         }
         std::vector<Vec> logits(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t)
-            logits[size_t(t)] = linear(rms_norm(x[size_t(t)], get("model.norm.weight")),
-                                       get("lm_head.weight"), c_.vocab_size);
+            logits[size_t(t)] =
+                linear(rms_norm(x[size_t(t)], get("model.norm.weight")),
+                       get(c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+                       c_.vocab_size);
         return logits;
     }
 
@@ -194,13 +213,17 @@ private:
         attn_factor = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
     }
 
-    // Rotates v[off .. off+d) in adjacent pairs (2i, 2i+1) by pos · inv_freq[i].
+    // Rotates v[off .. off+d) in adjacent pairs (2i, 2i+1) by pos · inv_freq[i]. The angle is a
+    // float32 product of the float32 position and inverse frequency, as DeepSeek's
+    // DeepseekV2YarnRotaryEmbedding forms it (torch.outer of float32 tensors; transformers and the
+    // engine do the same): at a few hundred positions that rounding shows in the logits at ~5e-7,
+    // so it is part of the definition here. The cosines and sines are then taken in double.
     void rope(Vec& v, size_t off, int64_t pos) const {
         Vec inv_freq;
         double af;
         rope_table(inv_freq, af);
         for (size_t i = 0; i < inv_freq.size(); ++i) {
-            double ang = double(pos) * inv_freq[i];
+            double ang = double(float(pos) * float(inv_freq[i]));
             double cs = std::cos(ang) * af, sn = std::sin(ang) * af;
             double a = v[off + 2 * i], b = v[off + 2 * i + 1];
             v[off + 2 * i] = a * cs - b * sn;
@@ -302,13 +325,15 @@ private:
                    sb = allowed[size_t(b)] ? s[size_t(b)] : -1.0;
             return sa > sb;
         });
-        double sum_k = 0.0;
-        for (int64_t i = 0; i < K; ++i) sum_k += s[size_t(order[size_t(i)])];
+        double sum_k = 1e-20;  // DeepSeek's denominator (+1e-20)
+        for (int64_t i = 0; i < K; ++i)
+            if (allowed[size_t(order[size_t(i)])]) sum_k += s[size_t(order[size_t(i)])];
         Vec y(size_t(c_.hidden_size), 0.0);
         for (int64_t i = 0; i < K; ++i) {
             int64_t e = order[size_t(i)];
             double w = (c_.norm_topk_prob && K > 1) ? s[size_t(e)] / sum_k
                                                     : s[size_t(e)] * c_.routed_scaling_factor;
+            if (!allowed[size_t(e)]) w = 0.0;  // DeepSeek: outside the chosen groups, score 0
             Vec ye =
                 swiglu_mlp(p + "experts." + std::to_string(e) + ".", x, c_.moe_intermediate_size);
             for (size_t j = 0; j < y.size(); ++j) y[j] += w * ye[j];

@@ -1,7 +1,15 @@
-// The engine on the family variants the shared fixture lacks: random small checkpoints written
-// here (BF16 safetensors + config.json), converted with the converter's library, run through the
-// absorbed-MLA forward, and compared with the naive double-precision reference
-// (model_reference.h: full per-head K/V, explicit softmax) on the same BF16 weights.
+// The engine on family configurations the variant fixtures (tests/data/variants, issue 13) do
+// not hold: combinations such as group-limited routing with norm_topk_prob, norm_topk_prob with one
+// expert per token (DeepSeek then scales instead of normalising), YaRN with factor 8 and
+// mscale_all_dim 0.8, and prefill in two chunks, the second reading the cached latents. Random
+// small checkpoints are written here (BF16 safetensors + config.json), converted with the
+// converter's library, run through the absorbed-MLA forward and compared with the naive
+// double-precision reference (model_reference.h: full per-head K/V, explicit softmax) on the same
+// BF16 weights; that reference is itself checked against every variant fixture
+// (test_model_reference.cpp). Weights have std 1/sqrt(fan_in) as in the fixtures (the router 3x),
+// so the issue's bound, 1e-5 of max|logit| per position, applies: with attention projections
+// scaled 2x the FP32 engine's rounding alone reaches a few 1e-6 on 29 tokens and more on long
+// prompts (docs/fidelity.md).
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -16,6 +24,8 @@ using namespace minids;
 using namespace minids::test;
 
 namespace {
+
+constexpr double kLogitTolerance = 1e-5;  // of max|logit| at each position (issue 13)
 
 // Adds a tensor of uniform values in [-a, a) (or 1 ± a for norms), rounded to BF16.
 void add_random(StTensors& w, const std::string& name, std::vector<int64_t> shape, double a,
@@ -57,15 +67,15 @@ StTensors random_checkpoint(const RefConfig& c, uint64_t seed) {
         if (c.q_lora_rank) {
             add_linear(w, p + "self_attn.q_a_proj.weight", *c.q_lora_rank, D, rng);
             add_random(w, p + "self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, 0.2, rng, true);
-            add_linear(w, p + "self_attn.q_b_proj.weight", H * dq, *c.q_lora_rank, rng, 2.0);
+            add_linear(w, p + "self_attn.q_b_proj.weight", H * dq, *c.q_lora_rank, rng);
         } else {
-            add_linear(w, p + "self_attn.q_proj.weight", H * dq, D, rng, 2.0);
+            add_linear(w, p + "self_attn.q_proj.weight", H * dq, D, rng);
         }
         add_linear(w, p + "self_attn.kv_a_proj_with_mqa.weight",
-                   c.kv_lora_rank + c.qk_rope_head_dim, D, rng, 2.0);
+                   c.kv_lora_rank + c.qk_rope_head_dim, D, rng);
         add_random(w, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, 0.2, rng, true);
         add_linear(w, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
-                   c.kv_lora_rank, rng, 2.0);
+                   c.kv_lora_rank, rng);
         add_linear(w, p + "self_attn.o_proj.weight", D, H * c.v_head_dim, rng);
         const bool moe =
             c.n_routed_experts > 0 && l >= c.first_k_dense_replace && l % c.moe_layer_freq == 0;
@@ -184,7 +194,7 @@ TEST_CASE(
     c["rope_scaling"] = yarn(8.0, 1.0, 0.8);
     double err = engine_vs_reference(c, 101);
     INFO("worst max|diff|/max|ref| " << err);
-    CHECK(err <= 1e-4);
+    CHECK(err <= kLogitTolerance);
 }
 
 TEST_CASE(
@@ -197,7 +207,7 @@ TEST_CASE(
     c["num_experts_per_tok"] = 4;
     double err = engine_vs_reference(c, 202);
     INFO("worst max|diff|/max|ref| " << err);
-    CHECK(err <= 1e-4);
+    CHECK(err <= kLogitTolerance);
 }
 
 TEST_CASE(
@@ -212,5 +222,5 @@ TEST_CASE(
     c["first_k_dense_replace"] = 2;
     double err = engine_vs_reference(c, 303);
     INFO("worst max|diff|/max|ref| " << err);
-    CHECK(err <= 1e-4);
+    CHECK(err <= kLogitTolerance);
 }

@@ -1,19 +1,23 @@
 // The engine against the reference fixtures of every DeepSeek-V2 family variant under
-// tests/data/variants/ (made with transformers' DeepseekV2ForCausalLM by
-// scripts/make_variant_fixtures.py; issue 13). Each variant directory is converted to .mds (BF16
-// experts) here and must reproduce its reference: relative max error <= 1e-5 of max|logit| at
-// every stored prompt position, and the greedy continuation identical, or diverging only at a step
-// whose reference top-1/top-2 gap is below that same 1e-5. A directory that is present but
-// malformed fails the test; with no directory the test says it ran on zero variants.
+// tests/data/variants/ (scripts/make_variant_fixtures.py, issue 13; docs/fidelity.md). Each
+// variant's logits come from transformers' DeepseekV2ForCausalLM (patched where it does not follow
+// DeepSeek's modeling_deepseek.py, every patch listed in the manifest) or, where transformers
+// cannot run the config, from DeepSeek's definition (scripts/deepseek_reference.py, float64).
+// Each variant directory is converted to .mds (BF16 experts) here and must reproduce its
+// reference: relative max error <= 1e-5 of max|logit| at every stored prompt position, and the
+// greedy continuation identical, or diverging only at a step whose reference top-1/top-2 gap is
+// below that same 1e-5. A missing, unlisted or malformed variant fails the test; so does a
+// missing tests/data/variants (the fixtures are committed).
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include "model_test_util.h"
+#include "variant_fixtures.h"
 
 using namespace minids;
 using namespace minids::test;
@@ -23,78 +27,27 @@ namespace {
 
 constexpr double kLogitTolerance = 1e-5;  // of max|logit| at each position (issue 13)
 
-struct VariantReference {
-    std::vector<std::vector<int32_t>> prompts, greedy, positions;
-    std::vector<std::vector<double>> gaps;  // reference top-1/top-2 gap over max|logit| per step
-    std::vector<StTensor> logits;           // logits_i [positions_i, vocab]
-    std::string source;                     // "transformers" or "deepseek_definition"
-};
-
-VariantReference load_variant_reference(const fs::path& dir) {
-    VariantReference r;
-    const auto j = nlohmann::json::parse(std::ifstream(dir / "reference.json"));
-    r.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
-    r.greedy = j.at("greedy").get<std::vector<std::vector<int32_t>>>();
-    r.gaps = j.at("greedy_gap_rel").get<std::vector<std::vector<double>>>();
-    r.source = j.at("reference_source").get<std::string>();
-    if (j.contains("logit_positions")) {
-        r.positions = j.at("logit_positions").get<std::vector<std::vector<int32_t>>>();
-    } else {
-        for (const auto& p : r.prompts) {
-            r.positions.emplace_back(p.size());
-            for (size_t t = 0; t < p.size(); ++t) r.positions.back()[t] = int32_t(t);
-        }
-    }
-    const size_t n = r.prompts.size();
-    if (n == 0 || r.greedy.size() != n || r.gaps.size() != n || r.positions.size() != n)
-        throw std::runtime_error(
-            "reference.json: prompts, greedy, greedy_gap_rel and "
-            "logit_positions must be non-empty lists of the same length");
-    StTensors t;
-    read_safetensors((dir / "reference.safetensors").string(), t);
-    for (size_t i = 0; i < n; ++i) {
-        if (r.gaps[i].size() != r.greedy[i].size())
-            throw std::runtime_error("reference.json: greedy_gap_rel " + std::to_string(i) +
-                                     " does not match greedy");
-        for (int32_t pos : r.positions[i])
-            if (pos < 0 || size_t(pos) >= r.prompts[i].size())
-                throw std::runtime_error("reference.json: logit position outside prompt " +
-                                         std::to_string(i));
-        auto it = t.find("logits_" + std::to_string(i));
-        if (it == t.end())
-            throw std::runtime_error("reference.safetensors: no logits_" + std::to_string(i));
-        r.logits.push_back(it->second);
-    }
-    return r;
-}
-
 struct VariantResult {
-    std::string name, source, features;
     double worst = 0.0;
     std::string greedy_note;
 };
 
-// Checks one variant directory; a mismatch is a CHECK naming the variant, a malformed directory an
-// exception (so the other variants still run).
-VariantResult check_variant(const fs::path& dir, const std::string& features) {
+// Checks one variant; a mismatch is a CHECK naming the variant, a malformed directory an exception
+// (so the other variants still run).
+VariantResult check_variant(const VariantEntry& v) {
     VariantResult res;
-    res.name = dir.filename().string();
-    res.features = features;
-    INFO("variant " << res.name);
-    for (const char* f :
-         {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json",
-          "reference.json", "reference.safetensors"}) {
-        if (!fs::exists(dir / f))
-            throw std::runtime_error(std::string("malformed: no ") + f + " in " + dir.string());
-    }
-    const VariantReference ref = load_variant_reference(dir);
-    res.source = ref.source;
+    INFO("variant " << v.name);
+    const VariantReference ref = load_variant_reference(v.dir);
+    if (ref.source != v.reference_source)
+        throw std::runtime_error("reference.json says " + ref.source + ", the manifest " +
+                                 v.reference_source);
     TempDir tmp;
     const fs::path mds = tmp.path / "model.mds";
-    convert_quiet(dir, mds, mgl::dtype::bf16);
+    convert_quiet(v.dir, mds, mgl::dtype::bf16);
     TestModel m = open_test_model(mds);
     const size_t V = size_t(m.model->config().vocab_size);
     std::ostringstream notes;
+    size_t identical = 0, steps = 0;
     for (size_t i = 0; i < ref.prompts.size(); ++i) {
         const auto& prompt = ref.prompts[i];
         const StTensor& want = ref.logits[i];
@@ -118,85 +71,73 @@ VariantResult check_variant(const fs::path& dir, const std::string& features) {
             worst_position_error(picked, ref.positions[i].size(), V,
                                  [&](size_t t, size_t v) { return want.values[t * V + v]; });
         res.worst = std::max(res.worst, err);
-        CHECK_MESSAGE(err <= kLogitTolerance, "variant " << res.name << ", prompt " << i
+        CHECK_MESSAGE(err <= kLogitTolerance, "variant " << v.name << ", prompt " << i
                                                          << ": worst max|diff|/max|ref| " << err);
 
         s.truncate(0);
         const std::vector<int32_t> g = greedy_tokens(s, prompt, int64_t(ref.greedy[i].size()));
         size_t same = 0;
-        while (same < g.size() && g[same] == ref.greedy[i][same]) ++same;
-        if (same == g.size()) continue;
-        const double gap = ref.gaps[i][same];
-        notes << " prompt " << i << " diverges at step " << same << " (reference gap " << gap
-              << ");";
+        while (same < g.size() && same < ref.greedy[i].size() && g[same] == ref.greedy[i][same])
+            ++same;
+        steps += ref.greedy[i].size();
+        identical += same;
+        if (same == ref.greedy[i].size() && g.size() == same) continue;
+        const double gap = same < ref.gaps[i].size() ? ref.gaps[i][same] : 1.0;
+        notes << " p" << i << " diverges at step " << same << " (gap " << gap << ")";
         CHECK_MESSAGE(gap < kLogitTolerance,
-                      "variant " << res.name << ", prompt " << i
+                      "variant " << v.name << ", prompt " << i
                                  << ": greedy differs from the reference at step " << same
                                  << " where the reference's top-1/top-2 gap is " << gap
                                  << " of max|logit| (not a near-tie)");
     }
-    res.greedy_note = notes.str().empty() ? "greedy identical" : notes.str();
+    res.greedy_note =
+        notes.str().empty()
+            ? "identical (" + std::to_string(identical) + "/" + std::to_string(steps) + ")"
+            : std::to_string(identical) + "/" + std::to_string(steps) + notes.str();
     return res;
 }
 
 }  // namespace
 
 TEST_CASE("model variants: every fixture under tests/data/variants matches its reference") {
-    const fs::path root = data_dir() / "variants";
-    if (!fs::exists(root)) {
-        MESSAGE("variant fixtures: " << root.string()
-                                     << " is absent; ran on 0 variants (issue 13: run "
-                                        "scripts/make_variant_fixtures.py and commit its output)");
-        return;
-    }
-    // The manifest lists every variant; each listed variant is a directory and each directory is
-    // listed, so a half-copied tree fails instead of shrinking the coverage silently.
-    nlohmann::json manifest;
+    VariantManifest manifest;
     try {
-        manifest = nlohmann::json::parse(std::ifstream(root / "manifest.json"));
-        (void)manifest.at("variants").at(0).at("name");
+        manifest = load_variant_manifest();
     } catch (const std::exception& e) {
-        FAIL("variant fixtures: " << (root / "manifest.json").string()
-                                  << " is missing or malformed: " << std::string(e.what()));
+        FAIL("variant fixtures: " << variants_root().string() << ": " << std::string(e.what())
+                                  << " (issue 13: scripts/make_variant_fixtures.py makes them)");
     }
-    if (manifest.value("provenance", nlohmann::json::object()).value("self_test", false))
-        MESSAGE(
-            "variant fixtures: WARNING: made with --self-test (DeepSeek-definition reference, "
-            "not transformers); not fixtures to commit");
-    std::set<std::string> dirs, listed;
-    for (const auto& e : fs::directory_iterator(root))
-        if (e.is_directory()) dirs.insert(e.path().filename().string());
-    std::vector<VariantResult> results;
-    std::set<std::string> features;
-    for (const auto& v : manifest.at("variants")) {
-        const std::string name = v.at("name").get<std::string>();
-        listed.insert(name);
-        std::string feats;
-        for (const auto& f : v.value("features", nlohmann::json::array())) {
-            features.insert(f.get<std::string>());
-            feats += (feats.empty() ? "" : ", ") + f.get<std::string>();
-        }
-        if (!dirs.count(name)) {
-            FAIL_CHECK("variant fixtures: manifest lists " << name << ", no such directory");
-            continue;
-        }
-        try {
-            results.push_back(check_variant(root / name, feats));
-        } catch (const std::exception& e) {
-            FAIL_CHECK("variant " << name << ": " << std::string(e.what()));
-        }
-    }
-    for (const auto& d : dirs)
-        if (!listed.count(d))
-            FAIL_CHECK("variant fixtures: directory " << d << " is not in the manifest");
+    for (const auto& p : manifest.problems) FAIL_CHECK("variant fixtures: " << p);
 
+    std::ostringstream table;
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-19s %-36s %-12s %s", "variant", "reference", "worst rel",
+                  "greedy (tokens equal)");
+    table << line;
+    size_t ran = 0;
+    double worst = 0.0;
+    for (const auto& v : manifest.variants) {
+        if (!fs::is_directory(v.dir)) continue;  // already reported
+        try {
+            const VariantResult r = check_variant(v);
+            ++ran;
+            worst = std::max(worst, r.worst);
+            std::snprintf(line, sizeof line, "\n  %-19s %-36s %-12.2e %s", v.name.c_str(),
+                          v.reference_label().c_str(), r.worst, r.greedy_note.c_str());
+            table << line;
+        } catch (const std::exception& e) {
+            FAIL_CHECK("variant " << v.name << ": " << std::string(e.what()));
+        }
+    }
+    std::set<std::string> features;
+    for (const auto& v : manifest.variants) features.insert(v.features.begin(), v.features.end());
     std::ostringstream report;
-    report << "variant fixtures: ran on " << results.size() << " of " << listed.size()
-           << " variants (tolerance " << kLogitTolerance << " of max|logit| per position)";
-    for (const auto& r : results)
-        report << "\n  " << r.name << " [" << r.source << "]: worst " << r.worst << ", "
-               << r.greedy_note << " -- " << r.features;
-    report << "\n  features covered:";
+    report << "variant fixtures: ran on " << ran << " of " << manifest.variants.size()
+           << " variants, worst " << worst << " (tolerance " << kLogitTolerance
+           << " of max|logit| per position; transformers = transformers' DeepseekV2ForCausalLM "
+              "in float64, DeepSeek def. = scripts/deepseek_reference.py)\n"
+           << table.str() << "\n  features covered:";
     for (const auto& f : features) report << " [" << f << "]";
     MESSAGE(report.str());
+    CHECK(ran == manifest.variants.size());
 }
