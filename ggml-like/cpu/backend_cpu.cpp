@@ -90,6 +90,9 @@ public:
     void copy_to_backend(void* dst, const void* src, size_t n) override {
         std::memcpy(dst, src, n);
     }
+    void copy_to_backend_async(void* dst, const void* src, size_t n) override {
+        std::memcpy(dst, src, n);
+    }
 
     void allocate(graph& g, arena& a) override {
         // Forget placements from an earlier allocate() so the graph can be re-planned.

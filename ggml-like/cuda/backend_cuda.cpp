@@ -132,9 +132,12 @@ public:
         synchronize();
     }
     void copy_to_backend(void* dst, const void* src, size_t n) override {
+        copy_to_backend_async(dst, src, n);
+        synchronize();
+    }
+    void copy_to_backend_async(void* dst, const void* src, size_t n) override {
         use_device();
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_.get()));
-        synchronize();
     }
 
     void allocate(graph& g, arena& a) override {

@@ -379,6 +379,9 @@ public:
     virtual void download(const tensor& t, void* dst, size_t offset, size_t n) = 0;
     // Blocking bulk copy from host memory into backend memory (dst inside one of its buffers).
     virtual void copy_to_backend(void* dst, const void* src, size_t n) = 0;
+    // The same, returning at once: `src` (best an alloc_host_buffer() buffer) must stay valid and
+    // unchanged until the next synchronize().
+    virtual void copy_to_backend_async(void* dst, const void* src, size_t n) = 0;
 
     // Places the graph's intermediates in `a` (growing it if needed), resolves view addresses and
     // checks every leaf has memory. A graph must be allocated before compute().

@@ -285,11 +285,14 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     if (wp.copied) {
         std::fprintf(stderr,
                      "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB, expert "
-                     "tables %.3f MiB (copied in %.2f s from the %s mapping), KV cache %.1f MiB "
+                     "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
                      "for %lld tokens (%s)\n",
                      command, mib(wp.dense_bytes), mib(wp.expert_bytes), mib(wp.table_bytes),
-                     wp.seconds, wp.registered ? "page-locked" : "pageable", mib(kv_bytes),
-                     (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
+                     wp.seconds,
+                     wp.registered ? "from the page-locked mapping"
+                     : wp.staged   ? "through pinned staging buffers"
+                                   : "from the pageable mapping",
+                     mib(kv_bytes), (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
     } else {
         std::fprintf(stderr,
                      "minids %s: weights %.1f MiB read from the mapped file, KV cache %.1f MiB "

@@ -1,9 +1,14 @@
 #include "model/weight_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <thread>
+
+#include "model/staged_copy.h"
 
 namespace minids {
 
@@ -119,11 +124,24 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
 
         const uint64_t all = dense + experts;
         uint64_t done = 0;
+        // Without a registration: parallel copies into pinned staging buffers, overlapped with
+        // the transfers (MINIDS_STAGED_COPY=0: the driver's own pageable copies).
+        const char* staged_env = std::getenv("MINIDS_STAGED_COPY");
+        std::unique_ptr<StagedCopier> staged;
+        if (!registration && !(staged_env && *staged_env == '0')) {
+            const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+            staged = std::make_unique<StagedCopier>(backend_, size_t(64) << 20, std::min(hw, 8u));
+        }
+        placement_.staged = staged != nullptr;
         auto copy_in = [&](uint8_t* dst, const uint8_t* src, uint64_t n) {
             constexpr uint64_t chunk = 256ull << 20;  // progress granularity
             for (uint64_t o = 0; o < n; o += chunk) {
                 const uint64_t m = std::min(chunk, n - o);
-                backend_.copy_to_backend(dst + o, src + o, m);
+                if (staged) {
+                    staged->copy(dst + o, src + o, m);
+                } else {
+                    backend_.copy_to_backend(dst + o, src + o, m);
+                }
                 done += m;
                 if (progress) progress(done, all);
             }
@@ -147,6 +165,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
                 slot += align_up(tb.blob_bytes, kAlign);
             }
         }
+        if (staged) staged->finish();
         if (progress) progress(all, all);
         stamp("experts copied");
         owned_.clear();

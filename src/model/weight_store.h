@@ -36,6 +36,7 @@ struct WeightOptions {
 struct WeightPlacement {
     bool copied = false;          // weights copied into backend memory
     bool registered = false;      // the mapping was registered for the copy
+    bool staged = false;          // copied through pinned staging buffers (StagedCopier)
     uint64_t dense_bytes = 0;     // dense weights (incl. merged copies)
     uint64_t expert_bytes = 0;    // routed expert blobs
     uint64_t table_bytes = 0;     // expert tables

@@ -1,0 +1,80 @@
+#include "model/staged_copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace minids {
+
+namespace {
+// Below this a memcpy is not worth waking threads for.
+constexpr size_t kParallelMin = size_t(4) << 20;
+}  // namespace
+
+StagedCopier::StagedCopier(mgl::backend& backend, size_t chunk_bytes, unsigned threads)
+    : backend_(backend),
+      chunk_(std::max<size_t>(chunk_bytes, 1 << 20)),
+      threads_(std::max(1u, threads)) {
+    for (auto& b : buffers_) b = backend_.alloc_host_buffer(chunk_);
+}
+
+StagedCopier::~StagedCopier() {
+    // Transfers may still read the staging buffers: wait before they are freed (no throw here).
+    try {
+        if (in_flight_ || !segments_.empty()) backend_.synchronize();
+    } catch (...) {
+    }
+}
+
+void StagedCopier::parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n) const {
+    if (n < kParallelMin || threads_ == 1) {
+        std::memcpy(dst, src, n);
+        return;
+    }
+    const size_t part = (n / threads_ + 4095) / 4096 * 4096;
+    std::vector<std::thread> workers;
+    for (size_t o = part; o < n; o += part) {
+        workers.emplace_back([=] { std::memcpy(dst + o, src + o, std::min(part, n - o)); });
+    }
+    std::memcpy(dst, src, std::min(part, n));
+    for (auto& w : workers) w.join();
+}
+
+void StagedCopier::copy(void* dst, const void* src, uint64_t n) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    while (n > 0) {
+        if (filled_ == chunk_) flush();
+        const size_t m = size_t(std::min<uint64_t>(n, chunk_ - filled_));
+        auto* staging = static_cast<uint8_t*>(buffers_[current_]->base());
+        parallel_memcpy(staging + filled_, s, m);
+        segments_.push_back({d, filled_, m});
+        filled_ += m;
+        d += m;
+        s += m;
+        n -= m;
+    }
+}
+
+void StagedCopier::flush() {
+    if (segments_.empty()) return;
+    // The other buffer's transfers must be done before this buffer's are queued: the next fill
+    // goes into that other buffer.
+    if (in_flight_) backend_.synchronize();
+    const auto* staging = static_cast<const uint8_t*>(buffers_[current_]->base());
+    for (const Segment& sg : segments_) {
+        backend_.copy_to_backend_async(sg.dst, staging + sg.offset, sg.size);
+    }
+    segments_.clear();
+    in_flight_ = true;
+    current_ ^= 1;
+    filled_ = 0;
+}
+
+void StagedCopier::finish() {
+    flush();
+    if (in_flight_) backend_.synchronize();
+    in_flight_ = false;
+}
+
+}  // namespace minids
