@@ -6,10 +6,10 @@
 // pair g = gate[f]·x, u = up[f]·x with U independent 16-byte loads per lane in flight and writes
 // silu(g)·u to the workspace, laid out for launch 2's reads.
 // Launch 2 (down): block = (token, output rows); the token's activations (k routed segments and
-// the shared one) are read from the workspace through L1; P warps share an output row d, each
-// summing a contiguous part of the concatenated row [down_0[d,:] | ... | down_{k-1}[d,:] |
-// shared[d,:]] with each routed segment weighted by w_j · scale_j[d]; the P partials are added in
-// order, then the residual. Fixed orders everywhere: the result does not depend on timing.
+// the shared one) are staged in shared memory; P warps share an output row d, each summing a
+// contiguous part of the concatenated row [down_0[d,:] | ... | down_{k-1}[d,:] | shared[d,:]]
+// with each routed segment weighted by w_j · scale_j[d]; the P partials are added in order, then
+// the residual. Fixed orders everywhere: the result does not depend on timing.
 //
 // Weight rows that are whole 16-byte chunks (every real model) take the vectorized kernels
 // (VEC); other shapes take the same kernels reading one element at a time.
@@ -122,9 +122,7 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
         const float post = bits ? fp8_bits_x_scale : 1.0f;
         const float g = ag * post * (gate_scale ? gate_scale[f] : 1.0f);
         const float u = au * post * (up_scale ? up_scale[f] : 1.0f);
-        // Routed FP8 segments under bit-op conversion are stored pre-scaled, as launch 2's
-        // products need them (a power of two: exact).
-        *act_out = silu_mul(g, u) * (bits ? fp8_bits_x_scale : 1.0f);
+        *act_out = silu_mul(g, u);
     }
 }
 
@@ -201,10 +199,11 @@ __device__ __forceinline__ int segment_of(int64_t i, int64_t nch, float inv_nch,
 // Output row d (when valid) for one warp: chunks [b, e) of the concatenated row
 // [down_0[d,:] | ... | down_{k-1}[d,:] | shared_down[d,:]] (routed chunks first, `routed` of
 // them, RDT; then the shared ones, SDT). Lane j < k holds expert slot j's down matrix (`seg_ptr`,
-// null for a skipped id) and coefficient (w_j · scale_j[d]); chunks get them by shuffle.
+// null for a skipped id) and coefficient (w_j · scale_j[d]); chunks get them by shuffle. The first
+// U chunks are requested before the block stages the activations and waits at the barrier.
 template <mgl::dtype RDT, mgl::dtype SDT, bool VEC, int U, Fp8Convert CVT>
 __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float coef, int64_t d,
-                            bool valid, int64_t routed, int64_t b, int64_t e) {
+                            bool valid, int64_t routed, int64_t b, int64_t e, float* act_s) {
     const int lane = threadIdx.x % 32;
     constexpr int64_t reb = elem_bytes<RDT>(), seb = elem_bytes<SDT>();
     const int64_t r_row_bytes = a.n_ff * reb;
@@ -240,13 +239,24 @@ __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float c
     };
     if (valid && b < e) load(b);
 
+    const float4* act4 = reinterpret_cast<const float4*>(a.act + blockIdx.x * a.act_row);
+    const int64_t routed4 = int64_t(a.k) * a.seg_r / 4;
+    constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && RDT == mgl::dtype::f8_e4m3;
+    float4* act_s4 = reinterpret_cast<float4*>(act_s);
+    for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x) {
+        float4 v = act4[i];
+        if (bits && i < routed4) {
+            v.x *= fp8_bits_x_scale;
+            v.y *= fp8_bits_x_scale;
+            v.z *= fp8_bits_x_scale;
+            v.w *= fp8_bits_x_scale;
+        }
+        act_s4[i] = v;
+    }
+    __syncthreads();
     float acc = 0.0f;
     if (!valid) return acc;
-    // The activations are read where launch 1 wrote them (through L1: every warp of the block
-    // reads the same row), not staged: a block's rows read ~14 KB of weights each, and staging
-    // the 45 KB activation row per block cost as much traffic as the weights and a barrier.
-    const float* act_g = a.act + blockIdx.x * a.act_row;
-    const float* act_sh = act_g + int64_t(a.k) * a.seg_r;
+    const float* act_sh = act_s + int64_t(a.k) * a.seg_r;
     for (int64_t base = b; base < e;) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -254,7 +264,7 @@ __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float c
             const float c = __shfl_sync(full_mask, coef, seg[u]);
             if (i >= e) continue;
             if (i < routed) {
-                const float* xs = act_g + seg[u] * a.seg_r;
+                const float* xs = act_s + seg[u] * a.seg_r;
                 if constexpr (VEC) {
                     const float dot = dot_chunk<RDT, CVT>(
                         w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch_r, 0.0f);
@@ -280,20 +290,22 @@ __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float c
 template <mgl::dtype RDT, bool VEC, int U, Fp8Convert CVT>
 __device__ float down_block_shared_dtype(const DecodeArgs& a, const uint8_t* seg_ptr, float coef,
                                          int64_t d, bool valid, int64_t routed, int64_t b,
-                                         int64_t e) {
+                                         int64_t e, float* act_s) {
     if (a.stype == mgl::dtype::f32)
         return down_block<RDT, mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b,
-                                                             e);
-    return down_block<RDT, mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b, e);
+                                                             e, act_s);
+    return down_block<RDT, mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid, routed, b, e,
+                                                          act_s);
 }
 
 template <bool VEC, int U, Fp8Convert CVT>
 __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
+    float* act_s = reinterpret_cast<float*>(smem4);
     const int64_t t = blockIdx.x;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
     const int P = a.warps_per_row, rows_per_block = warps / P;
-    float* partial = reinterpret_cast<float*>(smem4);  // [rows_per_block, P]
+    float* partial = act_s + a.act_row;  // [rows_per_block, P]
     const int64_t row0 = int64_t(blockIdx.y) * rows_per_block;
     const int r = warp % rows_per_block, part = warp / rows_per_block;
     const int64_t d = row0 + r;
@@ -322,15 +334,15 @@ __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeA
     switch (a.rtype) {
         case mgl::dtype::f32:
             acc = down_block_shared_dtype<mgl::dtype::f32, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
-                                                                        routed, b, e);
+                                                                        routed, b, e, act_s);
             break;
         case mgl::dtype::bf16:
             acc = down_block_shared_dtype<mgl::dtype::bf16, VEC, U, CVT>(a, seg_ptr, coef, d, valid,
-                                                                         routed, b, e);
+                                                                         routed, b, e, act_s);
             break;
         default:
-            acc = down_block_shared_dtype<mgl::dtype::f8_e4m3, VEC, U, CVT>(a, seg_ptr, coef, d,
-                                                                            valid, routed, b, e);
+            acc = down_block_shared_dtype<mgl::dtype::f8_e4m3, VEC, U, CVT>(
+                a, seg_ptr, coef, d, valid, routed, b, e, act_s);
             break;
     }
     if (valid) {
@@ -364,7 +376,7 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, cudaStream_t
     {
         const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row;
         const dim3 grid(unsigned(a.T), unsigned((a.D + rows - 1) / rows));
-        const size_t smem = size_t(warps) * sizeof(float);
+        const size_t smem = size_t(a.act_row + warps) * sizeof(float);
         auto kernel = decode_down_kernel<VEC, U, CVT>;
         allow_dynamic_smem(kernel, smem);
         kernel<<<grid, unsigned(warps * 32), smem, stream>>>(a);
@@ -403,9 +415,9 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
                  " bytes, needs " + std::to_string(need));
     const int64_t D = p.layout.n_embd;
     const int64_t act_row = act_row_floats(p);
-    if (size_t(D) * 4 > 48 * 1024)
-        moe_fail("moe_experts (decode): n_embd " + std::to_string(D) +
-                 " too large for shared memory");
+    if (size_t(D) * 4 > 48 * 1024 || size_t(act_row + c.down_warps) * 4 > max_smem_per_block)
+        moe_fail("moe_experts (decode): n_embd " + std::to_string(D) + " or k · n_ff + shared " +
+                 std::to_string(act_row) + " too large for shared memory");
     if (p.n_tokens == 0) return;
 
     DecodeArgs a{};

@@ -83,13 +83,14 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                     CHECK(fi.launches < pi.launches);
                 }
                 CHECK(pi.fused_norm + pi.fused_residual + pi.fused_route + pi.fused_mla_prep == 0);
-                // T <= 16 runs FP32 paths throughout; T = 20 takes cuBLAS (BF16 x), grouped MoE
-                // on tensor cores (BF16 activations) and bf16-cache attention on tensor cores.
-                // The first GPU run measured 8-16 % at T = 20 when ids were compared too: a BF16
-                // prompt path flips near-tie routing choices of this random layer, so there the
-                // flips are counted and the logits and cache compared.
-                const double bound = T <= 16 ? 1e-4 : 3e-2;
-                const bool exact_paths = T <= 16;
+                // T <= 16 with f32 pages runs FP32 paths throughout; attention over bf16 pages
+                // runs on tensor cores (q and probabilities rounded to BF16: measured 3.9-4.2e-3
+                // at T = 1), and T = 20 also takes cuBLAS (BF16 x) and grouped MoE on tensor
+                // cores (BF16 activations). The first GPU run measured 8-16 % at T = 20 when ids
+                // were compared too: a BF16 path flips near-tie routing choices of this random
+                // layer, so there the flips are counted and the logits and cache compared.
+                const bool exact_paths = T <= 16 && pages_type == dtype::f32;
+                const double bound = exact_paths ? 1e-4 : 3e-2;
                 const double e_fused = compare(got_f, want, exact_paths);
                 const double e_plain = compare(got_p, want, exact_paths);
                 const double e_between = compare(got_f, got_p);
@@ -148,7 +149,8 @@ TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals
             const auto ref = eager.compute(outs_e);
             const auto cpu_ref = cpu.compute(outs_c);
             worst_replay = std::max(worst_replay, compare(got, ref));
-            worst_cpu = std::max(worst_cpu, compare(got, cpu_ref));
+            // bf16 pages: attention on tensor cores (BF16 bound; routing may flip near ties).
+            worst_cpu = std::max(worst_cpu, compare(got, cpu_ref, pages_type == dtype::f32));
             ++step;
         }
         const mgl::cuda_graph_info ri = mgl::cuda_graph_info_of(*graph_be, replayed.graph);
@@ -157,7 +159,7 @@ TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals
              << worst_replay << "; vs CPU " << worst_cpu << "; CUDA graph launches "
              << ri.graph_launches << ", eager runs " << ri.eager_runs);
         CHECK(worst_replay <= 1e-6);
-        CHECK(worst_cpu <= 1e-4);
+        CHECK(worst_cpu <= (pages_type == dtype::f32 ? 1e-4 : 3e-2));
         if (!std::getenv("MINIDS_CUDA_GRAPHS") && !std::getenv("MINIDS_CUDA_SYNC")) {
             CHECK(ri.captured);
             CHECK(ri.eager_runs == 1);  // the warm-up run before the first capture
@@ -212,7 +214,9 @@ TEST_CASE("cuda backend: buffers, copies, host registration, leaf checks, suppor
     const auto rows = s.run({mgl::get_rows(s.ctx, table, s.i32({2}, {63, 1}))});
     CHECK(rows[0][0] == double(host_table[63 * 16]));
     CHECK(rows[0][16] == double(host_table[16]));
-    std::vector<float> plain(64 * 16, 1.0f);
+    // Large enough to come from its own mapping: a small vector can share a page with
+    // host_table, and registration covers whole pages.
+    std::vector<float> plain(size_t(1) << 20, 1.0f);
     side bad(*be);
     mgl::tensor* unreg = bad.ctx.new_tensor(dtype::f32, {64, 16}, "plain_host_table");
     unreg->data = plain.data();

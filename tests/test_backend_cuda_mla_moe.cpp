@@ -121,9 +121,12 @@ TEST_CASE("cuda kv_store + mla_attn: page dtypes, scrambled page table, jumping 
             CAPTURE(c.H);
             CAPTURE(c.positions.size());
             CAPTURE(c.positions[0]);
+            // FP32 math only for decode over f32 pages; bf16 pages and prefill tiles run on
+            // tensor cores (q and probabilities rounded to BF16: measured 1.6-1.7e-3).
             const bool decode = int64_t(c.positions.size()) * c.H <= 64;
+            const bool exact = decode && pages_type == dtype::f32;
             check_parity(
-                "mla", *be, [&](side& s) { return mla_graph(s, c); }, {decode ? 1e-4 : 2e-2, 1e-7},
+                "mla", *be, [&](side& s) { return mla_graph(s, c); }, {exact ? 1e-4 : 2e-2, 1e-7},
                 &log);
         }
     }
