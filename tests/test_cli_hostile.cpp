@@ -191,10 +191,12 @@ TEST_CASE("hostile: threads that cannot be started end the command cleanly" *
     CHECK(convert.status == 1);
     CHECK(convert.err.find("threads") != std::string::npos);
     CHECK(files_in(dir.path).empty());
-    // info --verify with more threads than can start works with the ones it gets.
-    CHECK(run_minids({"info", demo_model(), "--verify", "--threads", "200"}, "",
-                     {.timeout_s = 60, .vmem_kib = 1000000})
-              .status == 0);
+    // info --verify asked for more threads than can start still verifies (the demo model is
+    // small enough for one thread; MdsFile::verify also carries on with the threads it gets).
+    CliResult info = run_minids({"info", demo_model(), "--verify", "--threads", "200"}, "",
+                                {.timeout_s = 60, .vmem_kib = 1000000});
+    INFO("info stderr: " << info.err);
+    CHECK(info.status == 0);
 }
 
 TEST_CASE("hostile: no partial output survives a failure, a signal or a limit") {

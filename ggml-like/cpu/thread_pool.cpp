@@ -1,23 +1,31 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <new>
 #include <string>
 #include <system_error>
 
 namespace mgl::cpu {
 
 thread_pool::thread_pool(int n_threads) {
+    auto refuse = [&](std::error_code code, int started) {
+        // Out of threads or memory for their stacks (ulimit -v, -u): the workers already
+        // started must be stopped and joined here, since no destructor will run; a joinable
+        // std::thread destroyed while unwinding calls std::terminate.
+        stop_workers();
+        throw std::system_error(code, "cannot start " + std::to_string(n_threads) +
+                                          " threads (only " + std::to_string(started) +
+                                          " could be started)");
+    };
     for (int i = 1; i < std::max(n_threads, 1); ++i) {
         try {
             workers_.emplace_back([this, i] { worker_loop(i); });
         } catch (const std::system_error& e) {
-            // Out of threads or memory for their stacks (ulimit -v, -u): the workers already
-            // started must be stopped and joined here, since no destructor will run; a joinable
-            // std::thread destroyed while unwinding calls std::terminate.
-            stop_workers();
-            throw std::system_error(e.code(), "cannot start " + std::to_string(n_threads) +
-                                                  " threads (only " + std::to_string(i) +
-                                                  " could be started)");
+            refuse(e.code(), i);
+        } catch (const std::bad_alloc&) {
+            // The same limit met one step earlier: the heap could not grow for the thread's
+            // state (or the vector), before pthread_create was reached.
+            refuse(std::make_error_code(std::errc::not_enough_memory), i);
         }
     }
 }

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -20,6 +21,8 @@ namespace minids::mds {
 
 namespace {
 
+// The least work worth a thread of its own.
+constexpr uint64_t kBytesPerThread = 64ull << 20;
 // Padding is checked in chunks of this size so one long gap still spreads across threads.
 constexpr uint64_t padding_chunk = 64ull << 20;
 
@@ -94,6 +97,11 @@ MdsFile::VerifyResult MdsFile::verify(
     if (n_threads <= 0)
         n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     n_threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_threads), ranges.size()));
+    // A thread costs more than hashing a few MiB (its stack, and the 64 MiB malloc arena glibc
+    // reserves for it, which under ulimit -v is what runs out first), so small files get fewer.
+    n_threads = static_cast<int>(std::min<uint64_t>(
+        static_cast<uint64_t>(n_threads), (total + kBytesPerThread - 1) / kBytesPerThread));
+    n_threads = std::max(n_threads, 1);
 
     std::atomic<size_t> next{0};
     std::atomic<uint64_t> done_bytes{checksum_field};
@@ -131,12 +139,18 @@ MdsFile::VerifyResult MdsFile::verify(
         worker();  // no thread to start for small files and tight test loops
     } else {
         std::vector<std::jthread> threads;
+        threads.reserve(static_cast<size_t>(n_threads));
         int started = 0;
         for (; started < n_threads; ++started) {
+            // Under ulimit -v the stacks fill the address space: the next start fails either in
+            // pthread_create (system_error) or, when the heap cannot grow either, in allocating
+            // the thread's state (bad_alloc; seen in CI). Both mean the same: no more threads.
             try {
                 threads.emplace_back(worker);
             } catch (const std::system_error&) {
-                break;  // fewer threads than asked (ulimit): the ones running share the work
+                break;  // fewer threads than asked: the ones running share the work
+            } catch (const std::bad_alloc&) {
+                break;
             }
         }
         if (started < n_threads) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 namespace minids {
@@ -33,10 +34,16 @@ void StagedCopier::parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n) c
     }
     const size_t part = (n / threads_ + 4095) / 4096 * 4096;
     std::vector<std::thread> workers;
-    for (size_t o = part; o < n; o += part) {
-        workers.emplace_back([=] { std::memcpy(dst + o, src + o, std::min(part, n - o)); });
+    size_t o = part;
+    try {
+        workers.reserve(threads_);
+        for (; o < n; o += part)
+            workers.emplace_back([=] { std::memcpy(dst + o, src + o, std::min(part, n - o)); });
+    } catch (const std::exception&) {
+        // No more threads (ulimit): the parts not handed out are copied by this thread below.
     }
     std::memcpy(dst, src, std::min(part, n));
+    for (; o < n; o += part) std::memcpy(dst + o, src + o, std::min(part, n - o));
     for (auto& w : workers) w.join();
 }
 
