@@ -406,6 +406,7 @@ def run_minids(args, mds, dtype, refs, run, has_cpu_flag):
                "--dump-logits", npy]
         if args.cpu and has_cpu_flag:
             cmd.append("--cpu")
+        cmd += args.minids_flag  # e.g. --minids-flag=--cache-type-k --minids-flag=f32
         try:
             rc, out, secs = sh(cmd, run, "run_%s_%d.txt" % (dtype, i), run.left() - 10)
         except subprocess.TimeoutExpired:
@@ -469,6 +470,9 @@ def main():
     ap.add_argument("--minids", default=os.path.join(REPO, "build", "minids"))
     ap.add_argument("--layers", type=int, default=27, help="fewer layers, same shapes otherwise")
     ap.add_argument("--cpu", action="store_true", help="run minids on the CPU")
+    ap.add_argument("--minids-flag", action="append", default=[],
+                    help="one more argument for every minids run (repeat for several), "
+                         "e.g. --minids-flag=--cache-type-k --minids-flag=f32")
     ap.add_argument("--prompt-lens", default="7,64,700")
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--seed", type=int, default=20240)
