@@ -23,8 +23,8 @@ struct Expected {
     const char* why;  // which config fields give the shape
 };
 
-// Appends the tensors of layer `l`. Sizes are bounded by check_config_bounds (each <= 2^24), so
-// the products below cannot overflow.
+// Appends the tensors of layer `l`. Sizes are bounded by validate_config (each at most
+// config_dim_max = 2^20), so the products below cannot overflow.
 void layer_tensors(const ModelConfig& c, int64_t l, std::vector<Expected>& out) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const int64_t D = c.hidden_size, H = c.num_attention_heads;
