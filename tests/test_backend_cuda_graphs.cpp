@@ -62,8 +62,8 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
         for (dtype pages_type : {dtype::f32, dtype::bf16}) {
             for (dtype experts : {dtype::bf16, dtype::f8_e4m3}) {
                 CAPTURE(T);
-                CAPTURE(mgl::dtype_name(pages_type));
-                CAPTURE(mgl::dtype_name(experts));
+                CAPTURE(std::string(mgl::dtype_name(pages_type)));
+                CAPTURE(std::string(mgl::dtype_name(experts)));
                 side cpu(*cpu_be), fused(*fused_be), plain(*plain_be);
                 layer_io io_c, io_f, io_p;
                 const auto want = cpu.run(decoder_layer(cpu, T, pages_type, experts, io_c));
@@ -116,7 +116,7 @@ TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals
     auto eager_be = mgl::make_cuda_backend(eager_opts);
     auto cpu_be = mgl::make_cpu_backend(2);
     for (dtype pages_type : {dtype::f32, dtype::bf16}) {
-        CAPTURE(mgl::dtype_name(pages_type));
+        CAPTURE(std::string(mgl::dtype_name(pages_type)));
         side replayed(*graph_be), eager(*eager_be), cpu(*cpu_be);
         layer_io io_r, io_e, io_c;
         const auto outs_r = decoder_layer(replayed, 1, pages_type, dtype::f8_e4m3, io_r);

@@ -36,7 +36,7 @@ TEST_CASE("cuda moe_experts: every expert dtype, decode and grouped paths, share
             for (int64_t T : {1, 5, 8, 40}) {
                 for (bool with_shared : {false, true}) {
                     CAPTURE(D);
-                    CAPTURE(mgl::dtype_name(type));
+                    CAPTURE(std::string(mgl::dtype_name(type)));
                     CAPTURE(T);
                     CAPTURE(with_shared);
                     const bool tensor_cores = T > 8 && D % 16 == 0 && F % 16 == 0;
@@ -117,7 +117,7 @@ TEST_CASE("cuda kv_store + mla_attn: page dtypes, scrambled page table, jumping 
             {pages_type, 4, prefill},         // prefill tiles (T·H > 64)
         };
         for (const mla_case& c : cases) {
-            CAPTURE(mgl::dtype_name(pages_type));
+            CAPTURE(std::string(mgl::dtype_name(pages_type)));
             CAPTURE(c.H);
             CAPTURE(c.positions.size());
             CAPTURE(c.positions[0]);

@@ -34,7 +34,7 @@ TEST_CASE("cuda get_rows: f32, f16, bf16 and scaled f8 tables, a strided table v
     worst_errors log;
     const int64_t V = 37, D = 53;
     for (dtype type : {dtype::f32, dtype::f16, dtype::bf16, dtype::f8_e4m3}) {
-        CAPTURE(mgl::dtype_name(type));
+        CAPTURE(std::string(mgl::dtype_name(type)));
         check_parity(
             "get_rows", *be,
             [&](side& s) -> std::vector<mgl::tensor*> {
@@ -221,7 +221,7 @@ TEST_CASE("cuda matmul: every weight dtype, M across the GEMV/GEMM crossover, od
     for (dtype type : {dtype::f32, dtype::bf16, dtype::f8_e4m3}) {
         for (int64_t K : {256, 131}) {
             for (int64_t M : {1, 3, 8, 9, 16, 17, 40}) {
-                CAPTURE(mgl::dtype_name(type));
+                CAPTURE(std::string(mgl::dtype_name(type)));
                 CAPTURE(K);
                 CAPTURE(M);
                 const double bound = (M > 16 && type != dtype::f32) ? bf16_math : fp32;

@@ -8,18 +8,22 @@
 // 2e-2 relative L2 against the reference, as for the CPU's BF16 weights). Decode steps and short
 // chunks (<= 16 tokens) run FP32 kernels only except attention over a bf16 cache (tensor cores),
 // so incremental decoding with an f32 cache matches the CPU's to ~1e-5 (bound 1e-4) and with a
-// bf16 cache within the BF16 bound.
+// bf16 cache within the BF16 bound. The DeepSeek-V2 family variant fixtures (issue 13) are held
+// to the same BF16 bounds here that the CPU meets at 1e-5 (test_model_variants.cpp).
 #ifdef MINIDS_HAVE_CUDA
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <sstream>
 
 #include "mgl-cuda.h"
 #include "model_test_util.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "variant_fixtures.h"
 
 using namespace minids;
 using namespace minids::test;
@@ -83,14 +87,15 @@ TEST_CASE(
             std::vector<float> logits = s.eval(ref.prompts[i], /*all_logits=*/true);
             REQUIRE(logits.size() == ref.logits[i].values.size());
             const double l2 = relative_l2(logits, ref.logits[i].values);
-            INFO(mgl::dtype_name(kv) << " KV, prompt " << i << " (" << ref.prompts[i].size()
-                                     << " tokens): relative L2 " << l2);
+            INFO(std::string(mgl::dtype_name(kv))
+                 << " KV, prompt " << i << " (" << ref.prompts[i].size() << " tokens): relative L2 "
+                 << l2);
             CHECK(l2 <= 2e-2);
             worst = std::max(worst, l2);
             each += ' ';
             each += std::to_string(l2);
         }
-        MESSAGE("CUDA, BF16 experts, " << mgl::dtype_name(kv)
+        MESSAGE("CUDA, BF16 experts, " << std::string(mgl::dtype_name(kv))
                                        << " KV: relative L2 of logits per prompt:" << each
                                        << " (worst " << worst << ", bound 2e-2)");
     }
@@ -129,8 +134,8 @@ TEST_CASE(
         TestModel cpu = open_test_model(converted_fixture(experts));
         const size_t T = prompt.size(), V = size_t(gpu.model->config().vocab_size);
         for (mgl::dtype kv : {mgl::dtype::f32, mgl::dtype::bf16}) {
-            CAPTURE(mgl::dtype_name(experts));
-            CAPTURE(mgl::dtype_name(kv));
+            CAPTURE(std::string(mgl::dtype_name(experts)));
+            CAPTURE(std::string(mgl::dtype_name(kv)));
             // Page size 8: the 41 positions span six pages, so the page table changes between
             // replays of the decode graph.
             auto incremental = [&](TestModel& m) {
@@ -155,11 +160,12 @@ TEST_CASE(
             // With f32 pages decode attention is FP32 (the CUDA-core kernel); with bf16 pages it
             // runs on tensor cores (q and the probabilities rounded to BF16): the BF16 bound.
             const double cpu_bound = kv == mgl::dtype::f32 ? 1e-4 : 2e-2;
-            MESSAGE("CUDA incremental decode, "
-                    << mgl::dtype_name(experts) << " experts, " << mgl::dtype_name(kv)
-                    << " KV: worst max|diff|/max|row| vs the CPU " << vs_cpu << " (bound "
-                    << cpu_bound << "), relative L2 vs one CUDA prompt "
-                    << "pass " << vs_full << " (bound 2e-2)");
+            MESSAGE("CUDA incremental decode, " << std::string(mgl::dtype_name(experts))
+                                                << " experts, " << std::string(mgl::dtype_name(kv))
+                                                << " KV: worst max|diff|/max|row| vs the CPU "
+                                                << vs_cpu << " (bound " << cpu_bound
+                                                << "), relative L2 vs one CUDA prompt "
+                                                << "pass " << vs_full << " (bound 2e-2)");
             CHECK(vs_cpu <= cpu_bound);
             CHECK(vs_full <= 2e-2);
         }
@@ -177,8 +183,8 @@ TEST_CASE("cuda model: the replayed decode graph equals eager decoding, a new to
         TestModel eager = open_cuda_model(converted_fixture(experts), eager_options);
         const int32_t V = int32_t(replayed.model->config().vocab_size);
         for (mgl::dtype kv : {mgl::dtype::bf16, mgl::dtype::f32}) {
-            CAPTURE(mgl::dtype_name(experts));
-            CAPTURE(mgl::dtype_name(kv));
+            CAPTURE(std::string(mgl::dtype_name(experts)));
+            CAPTURE(std::string(mgl::dtype_name(kv)));
             Session a(*replayed.model, *replayed.backend, session_params(kv, 128, 8));
             Session b(*eager.model, *eager.backend, session_params(kv, 128, 8));
             b.set_decode_graph(false);  // a fresh graph per token, run eagerly
@@ -199,9 +205,9 @@ TEST_CASE("cuda model: the replayed decode graph equals eager decoding, a new to
                 worst = std::max(worst, diff / scale);
             }
             MESSAGE("CUDA decode graph replay vs eager, "
-                    << mgl::dtype_name(experts) << " experts, " << mgl::dtype_name(kv)
-                    << " KV, 40 steps: worst max|diff|/"
-                    << "max|logit| " << worst << (bitwise ? " (bitwise equal)" : ""));
+                    << std::string(mgl::dtype_name(experts)) << " experts, "
+                    << std::string(mgl::dtype_name(kv)) << " KV, 40 steps: worst max|diff|/"
+                    << "max|logit| " << worst << std::string(bitwise ? " (bitwise equal)" : ""));
             CHECK(worst <= 1e-6);
         }
     }
@@ -227,6 +233,140 @@ TEST_CASE("cuda model: FP8 experts stay close to the reference" * doctest::skip(
             << worst_l2 << " (bound 5e-2); teacher-forced greedy agreement " << agree << "/"
             << total);
     CHECK(agree * 10 >= total * 8);
+}
+
+// Every variant fixture under tests/data/variants on the GPU (BF16 experts), three ways:
+//  - exact: F32 KV cache and one token at a time through the replayed decode graph, where every
+//    kernel computes in FP32: each stored position's logits within 1e-4 of max|logit| of the
+//    reference (the CPU meets 1e-5; the GPU sums in other orders), so every variant's math is
+//    checked on the GPU as tightly as FP32 allows;
+//  - BF16, same routing: the prompt pass as run and chat do it (BF16 KV cache, tensor-core GEMMs
+//    and attention over BF16 inputs) with the CPU engine's expert choice imposed: relative L2 of
+//    the logits within 2e-2, the bound of the tiny fixture;
+//  - BF16, free: the same with the GPU's own routing. Rounding the activations to BF16 can flip
+//    a near-tied expert choice (or a whole group under group-limited routing), which moves that
+//    token's logits by far more than rounding does; the flips are counted against the CPU's
+//    choice and reported with the error, and teacher-forced greedy must agree on >= 90 % of
+//    steps, as for the tiny fixture.
+TEST_CASE("cuda model: every variant fixture, exact in FP32 and within the BF16 bound" *
+          doctest::skip(no_gpu)) {
+    const VariantManifest manifest = load_variant_manifest();
+    for (const auto& p : manifest.problems) FAIL_CHECK("variant fixtures: " << p);
+    std::ostringstream table;
+    size_t ran = 0;
+    for (const auto& v : manifest.variants) {
+        INFO("variant " << v.name);
+        try {
+            const VariantReference ref = load_variant_reference(v.dir);
+            TempDir tmp;
+            const std::filesystem::path mds = tmp.path / "model.mds";
+            convert_quiet(v.dir, mds, mgl::dtype::bf16);
+            TestModel gpu = open_cuda_model(mds);
+            TestModel cpu = open_test_model(mds);
+            const size_t V = size_t(gpu.model->config().vocab_size);
+            double exact = 0, same_l2 = 0, free_l2 = 0, worst_gap = 0;
+            size_t agree = 0, total = 0, flips = 0, choices = 0;
+            for (size_t i = 0; i < ref.prompts.size(); ++i) {
+                const auto& prompt = ref.prompts[i];
+                const auto& want = ref.logits[i].values;
+                const auto& positions = ref.positions[i];
+                const int64_t n_ctx = int64_t(prompt.size() + ref.greedy[i].size() + 8);
+                auto pick = [&](const std::vector<float>& all) {
+                    REQUIRE(all.size() == prompt.size() * V);
+                    std::vector<float> rows;
+                    for (int32_t pos : positions)
+                        rows.insert(rows.end(), all.begin() + std::ptrdiff_t(size_t(pos) * V),
+                                    all.begin() + std::ptrdiff_t(size_t(pos + 1) * V));
+                    return rows;
+                };
+
+                // Exact: one token at a time, F32 cache.
+                {
+                    Session s(*gpu.model, *gpu.backend, session_params(mgl::dtype::f32, n_ctx, 16));
+                    std::vector<float> all;
+                    for (int32_t tok : prompt) {
+                        const int32_t one[1] = {tok};
+                        const std::vector<float> l = s.eval(one);
+                        all.insert(all.end(), l.begin(), l.end());
+                    }
+                    const double e =
+                        worst_position_error(pick(all), positions.size(), V,
+                                             [&](size_t t, size_t k) { return want[t * V + k]; });
+                    CHECK_MESSAGE(e <= 1e-4, "variant " << v.name << ", prompt " << i
+                                                        << ": FP32 decode path, worst position "
+                                                        << e);
+                    exact = std::max(exact, e);
+                }
+
+                // The CPU's expert choice for the prompt.
+                RoutingRecord cpu_routing;
+                {
+                    Session s(*cpu.model, *cpu.backend, session_params(mgl::dtype::f32, n_ctx, 16));
+                    s.set_routing_observer([&](const RoutingRecord& r) { cpu_routing = r; });
+                    s.eval(prompt, /*all_logits=*/true);
+                }
+
+                // BF16 with the CPU's routing imposed.
+                {
+                    Session s(*gpu.model, *gpu.backend,
+                              session_params(mgl::dtype::bf16, n_ctx, 16));
+                    s.set_routing_override([&](RoutingRecord& r) {
+                        REQUIRE(r.ids.size() == cpu_routing.ids.size());
+                        r.ids = cpu_routing.ids;
+                        r.weights = cpu_routing.weights;
+                    });
+                    const double l2 = relative_l2(pick(s.eval(prompt, true)), want);
+                    CHECK_MESSAGE(l2 <= 2e-2, "variant " << v.name << ", prompt " << i
+                                                         << ": BF16 with the CPU's routing, "
+                                                         << "relative L2 " << l2);
+                    same_l2 = std::max(same_l2, l2);
+                }
+
+                // BF16, the GPU's own routing: flips counted, greedy teacher-forced.
+                {
+                    Session s(*gpu.model, *gpu.backend,
+                              session_params(mgl::dtype::bf16, n_ctx, 16));
+                    RoutingRecord own;
+                    s.set_routing_observer([&](const RoutingRecord& r) {
+                        if (r.prefill) own = r;
+                    });
+                    free_l2 = std::max(free_l2, relative_l2(pick(s.eval(prompt, true)), want));
+                    REQUIRE(own.ids.size() == cpu_routing.ids.size());
+                    const size_t k = size_t(own.k);
+                    for (size_t c = 0; c + k <= own.ids.size(); c += k) {
+                        std::vector<int32_t> a(own.ids.begin() + std::ptrdiff_t(c),
+                                               own.ids.begin() + std::ptrdiff_t(c + k));
+                        std::vector<int32_t> b(cpu_routing.ids.begin() + std::ptrdiff_t(c),
+                                               cpu_routing.ids.begin() + std::ptrdiff_t(c + k));
+                        std::sort(a.begin(), a.end());
+                        std::sort(b.begin(), b.end());
+                        flips += a != b;
+                        ++choices;
+                    }
+                    s.set_routing_observer({});
+                    s.truncate(0);
+                    agree += teacher_forced(s, prompt, ref.greedy[i], worst_gap);
+                    total += ref.greedy[i].size();
+                }
+            }
+            CHECK(agree * 10 >= total * 9);
+            char line[200];
+            std::snprintf(line, sizeof line, "\n  %-19s %-10.2e %-10.2e %-10.2e %5zu/%-6zu %zu/%zu",
+                          v.name.c_str(), exact, same_l2, free_l2, flips, choices, agree, total);
+            table << line;
+            ++ran;
+        } catch (const std::exception& e) {
+            FAIL_CHECK("variant " << v.name << ": " << std::string(e.what()));
+        }
+    }
+    MESSAGE(
+        "CUDA, variant fixtures, BF16 experts (bounds: exact <= 1e-4 of max|logit| per "
+        "position; same routing relative L2 <= 2e-2; free: greedy >= 90 % teacher-forced): ran "
+        << ran << " of " << manifest.variants.size()
+        << "\n  variant             exact      same rt L2 free L2    flips/choices "
+           "greedy"
+        << table.str());
+    CHECK(ran == manifest.variants.size());
 }
 
 #endif  // MINIDS_HAVE_CUDA
