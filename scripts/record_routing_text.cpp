@@ -5,7 +5,10 @@
 // Session::eval's tensor observer (expert_ids-L, expert_weights-L).
 //
 //   record_routing_text MODEL.mds TEXT_FILE OUT.npz [--chat] [--max-tokens N] [--chunk N]
+//                       [--probs PROBS.npy]
 //
+// --probs also writes every router's whole probability vector, <f4 [T, L, E] (what the trace
+// lacks: the experts just outside the top-k), for scripts/policy_probe.cpp.
 // --chat: the text's paragraphs (blank-line separated) become alternating user / assistant
 // messages rendered with the model's chat template.
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "chat/chat_template.h"
 #include "mds/reader.h"
 #include "model/deepseek2.h"
+#include "routing/npz.h"
 #include "routing/trace.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -28,16 +32,18 @@ int main(int argc, char** argv) {
     if (argc < 4) {
         std::fprintf(stderr,
                      "usage: record_routing_text MODEL.mds TEXT OUT.npz [--chat] [--max-tokens N] "
-                     "[--chunk N]\n");
+                     "[--chunk N] [--probs PROBS.npy]\n");
         return 2;
     }
     bool chat = false;
     int64_t max_tokens = 4096, chunk = 512;
+    std::string probs_path;
     for (int i = 4; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--chat") chat = true;
         if (a == "--max-tokens" && i + 1 < argc) max_tokens = std::atoll(argv[++i]);
         if (a == "--chunk" && i + 1 < argc) chunk = std::atoll(argv[++i]);
+        if (a == "--probs" && i + 1 < argc) probs_path = argv[++i];
     }
     try {
         auto file = mds::MdsFile::open(argv[1]);
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
         tr.extra["text"] = argv[2];
         const int32_t L = tr.shape.n_moe_layers(), k = tr.shape.top_k;
 
+        const int32_t E = tr.shape.n_experts;
+        std::vector<float> probs;  // [T][L][E]
         SessionParams sp;
         sp.n_ctx = int64_t(ids.size()) + 1;
         Session session(model, *backend, sp);
@@ -85,7 +93,9 @@ int main(int argc, char** argv) {
             const size_t n = std::min(ids.size() - at, size_t(chunk));
             std::map<std::string, std::vector<float>> seen;
             TensorObserver obs = [&](const mgl::tensor& t, std::span<const float> v) {
-                if (t.name.rfind("expert_ids-", 0) == 0 || t.name.rfind("expert_weights-", 0) == 0)
+                if (t.name.rfind("expert_ids-", 0) == 0 ||
+                    t.name.rfind("expert_weights-", 0) == 0 ||
+                    (!probs_path.empty() && t.name.rfind("router_probs-", 0) == 0))
                     seen[t.name].assign(v.begin(), v.end());
             };
             session.eval(std::span(ids).subspan(at, n), false, &obs);
@@ -101,6 +111,26 @@ int main(int argc, char** argv) {
                 }
             }
             tr.append_step(int64_t(n), true, lnk_ids.data(), lnk_w.data());
+            if (!probs_path.empty()) {
+                const size_t base = probs.size();
+                probs.resize(base + n * size_t(L) * size_t(E));
+                for (int32_t l = 0; l < L; ++l) {
+                    const std::string il = std::to_string(tr.shape.moe_layers[size_t(l)]);
+                    const auto& pr = seen.at("router_probs-" + il);  // [n, E]
+                    for (size_t t = 0; t < n; ++t)
+                        for (int32_t e = 0; e < E; ++e)
+                            probs[base + (t * size_t(L) + size_t(l)) * size_t(E) + size_t(e)] =
+                                pr.at(t * size_t(E) + size_t(e));
+                }
+            }
+        }
+        if (!probs_path.empty()) {
+            const auto* b = reinterpret_cast<const std::byte*>(probs.data());
+            const auto npy = routing::make_npy("<f4", {int64_t(ids.size()), int64_t(L), int64_t(E)},
+                                               {b, probs.size() * 4});
+            std::ofstream out(probs_path, std::ios::binary);
+            out.write(reinterpret_cast<const char*>(npy.data()), std::streamsize(npy.size()));
+            if (!out) throw std::runtime_error("cannot write " + probs_path);
         }
         routing::write_trace(tr, argv[3]);
         std::fprintf(stderr, "record_routing_text: %zu tokens -> %s\n", ids.size(), argv[3]);

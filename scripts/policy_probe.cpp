@@ -1,0 +1,189 @@
+// Probes eviction signals beyond lru / lfu / decay on a recorded trace, for
+// docs/expert-cache-policies.md: can an online policy come within 10 points of Belady (issue 9)?
+// One global pool, the simulator's rules (tokens, then MoE layers in order; a token's k experts
+// of a layer pinned together), victims chosen by a scan of every slot (slow, exact). Variants,
+// each adding to the one before:
+//   decay     evict the lowest decayed use count (half-life in visits of the expert's layer);
+//             the same ordering as routing::DecayPolicy, as a check of this harness
+//   distance  evict the largest expected distance to the next use: layers until the expert's
+//             layer comes round again, plus (1 - p) / p token cycles, p = the decayed count read
+//             as a per-visit probability
+//   xlayer    for the experts of the next layer, p mixed half and half with the probability
+//             learned online that the current layer's choice leads to them (cross-layer)
+//   soft      every visit also adds beta x the router's probability of each expert of the layer
+//             (the experts just outside the top-k), from record_routing_text --probs
+//
+//   policy_probe TRACE.npz [--probs PROBS.npy] [--slots 25%] [--half-life 32] [--beta 1]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "routing/npz.h"
+#include "routing/simulator.h"
+#include "routing/trace.h"
+
+using namespace minids::routing;
+
+namespace {
+
+enum class Variant { decay, distance, xlayer, soft };
+
+struct ProbeOptions {
+    Variant variant = Variant::decay;
+    double half_life = 32;  // visits of the expert's layer (tokens)
+    double beta = 1;
+    const std::vector<float>* probs = nullptr;  // [T][L][E]
+};
+
+double probe(const RoutingTrace& tr, int slots, const ProbeOptions& o) {
+    const int L = tr.shape.n_moe_layers(), k = tr.shape.top_k, E = tr.shape.n_experts;
+    const double f = std::exp2(-1.0 / o.half_life);
+    std::vector<double> score(size_t(L) * E, 0.0);
+    // trans[(l * E + a) * E + b]: times expert a at layer l was followed by b at the next layer
+    std::vector<double> trans(size_t(L) * E * E, 0.0), from(size_t(L) * E, 0.0);
+    std::vector<int> slot_of(size_t(L) * E, -1), key_of(size_t(slots), -1);
+    std::vector<char> pinned(size_t(slots), 0);
+    std::vector<int> prev;
+    int filled = 0;
+    int64_t hits = 0, accesses = 0;
+    for (int64_t t = 0; t < tr.n_tokens; ++t) {
+        for (int l = 0; l < L; ++l) {
+            const uint16_t* ids = tr.ids_at(t, l);
+            for (int e = 0; e < E; ++e) score[size_t(l * E + e)] *= f;
+            for (int j = 0; j < k; ++j) {
+                const int key = l * E + ids[j];
+                ++accesses;
+                int s = slot_of[size_t(key)];
+                if (s >= 0) {
+                    ++hits;
+                    pinned[size_t(s)] = 1;
+                    continue;
+                }
+                if (filled < slots) {
+                    s = filled++;
+                } else {
+                    double worst = -HUGE_VAL;
+                    for (int c = 0; c < slots; ++c) {
+                        if (pinned[size_t(c)]) continue;
+                        const int kk = key_of[size_t(c)], kl = kk / E, ke = kk % E;
+                        double p = score[size_t(kk)] * (1 - f);
+                        double rank = -score[size_t(kk)];  // decay: lowest count goes
+                        if (o.variant != Variant::decay) {
+                            if (o.variant != Variant::distance && kl == (l + 1) % L) {
+                                double pt = 0;
+                                int n = 0;
+                                for (int a = 0; a < k; ++a) {
+                                    const size_t row = size_t(l) * E + ids[a];
+                                    if (from[row] > 0) {
+                                        pt += trans[row * E + size_t(ke)] / from[row];
+                                        ++n;
+                                    }
+                                }
+                                if (n) p = 0.5 * p + 0.5 * pt / n;
+                            }
+                            p = std::clamp(p, 1e-6, 1.0);
+                            const int d = kl > l ? kl - l : kl - l + L;
+                            rank = d + (1 - p) / p * L;
+                        }
+                        if (rank > worst) {
+                            worst = rank;
+                            s = c;
+                        }
+                    }
+                    slot_of[size_t(key_of[size_t(s)])] = -1;
+                }
+                slot_of[size_t(key)] = s;
+                key_of[size_t(s)] = key;
+                pinned[size_t(s)] = 1;
+            }
+            for (int j = 0; j < k; ++j) score[size_t(l * E + ids[j])] += 1.0;
+            if (o.variant == Variant::soft)
+                for (int e = 0; e < E; ++e)
+                    score[size_t(l * E + e)] +=
+                        o.beta * (*o.probs)[(size_t(t) * L + size_t(l)) * E + size_t(e)];
+            if (!prev.empty()) {  // the previous layer step (the last layer leads to the first)
+                const int pl = (l + L - 1) % L;
+                for (int a : prev) {
+                    const size_t row = size_t(pl) * E + size_t(a);
+                    from[row] += 1;
+                    for (int j = 0; j < k; ++j) trans[row * E + ids[j]] += 1;
+                }
+            }
+            prev.assign(ids, ids + k);
+            std::fill(pinned.begin(), pinned.end(), 0);
+        }
+    }
+    return double(hits) / double(accesses);
+}
+
+std::vector<float> read_probs(const std::string& path, const RoutingTrace& tr) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> raw((std::istreambuf_iterator<char>(in)), {});
+    const auto* b = reinterpret_cast<const std::byte*>(raw.data());
+    const NpyView v = parse_npy({b, raw.size()}, path);
+    const std::vector<int64_t> want = {tr.n_tokens, tr.shape.n_moe_layers(), tr.shape.n_experts};
+    if (v.descr != "<f4" || v.shape != want)
+        throw TraceError(path + ": expected <f4 [T, L, E] matching the trace");
+    std::vector<float> p(size_t(v.n_elements()));
+    std::memcpy(p.data(), v.data.data(), p.size() * 4);
+    return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr,
+                     "usage: policy_probe TRACE.npz [--probs PROBS.npy] [--slots 25%%] "
+                     "[--half-life 32] [--beta 1]\n");
+        return 2;
+    }
+    try {
+        const RoutingTrace tr = read_trace(argv[1]);
+        std::string probs_path, slots_arg = "25%";
+        ProbeOptions o;
+        for (int i = 2; i + 1 < argc; i += 2) {
+            const std::string a = argv[i];
+            if (a == "--probs") probs_path = argv[i + 1];
+            if (a == "--slots") slots_arg = argv[i + 1];
+            if (a == "--half-life") o.half_life = std::atof(argv[i + 1]);
+            if (a == "--beta") o.beta = std::atof(argv[i + 1]);
+        }
+        const int keys = tr.shape.n_moe_layers() * tr.shape.n_experts;
+        const int slots = slots_arg.back() == '%'
+                              ? int(std::lround(std::atof(slots_arg.c_str()) / 100 * keys))
+                              : std::atoi(slots_arg.c_str());
+        std::vector<float> probs;
+        if (!probs_path.empty()) probs = read_probs(probs_path, tr);
+        o.probs = &probs;
+
+        CacheConfig c;
+        c.n_slots = slots;
+        c.policy = Policy::belady;
+        const double belady = simulate(tr, c).hit_rate();
+        c.policy = Policy::decay;
+        c.decay_half_life = o.half_life * tr.shape.top_k;
+        const double decay = simulate(tr, c).hit_rate();
+        std::printf("%s: %d of %d slots; belady %.3f, routing::DecayPolicy %.3f\n", argv[1], slots,
+                    keys, belady, decay);
+        for (auto [v, name] : {std::pair{Variant::decay, "decay"},
+                               {Variant::distance, "distance"},
+                               {Variant::xlayer, "xlayer"},
+                               {Variant::soft, "soft"}}) {
+            if (v == Variant::soft && probs.empty()) continue;
+            o.variant = v;
+            const double h = probe(tr, slots, o);
+            std::printf("  %-9s %.3f (%+.1f pt vs belady)\n", name, h, 100 * (h - belady));
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "policy_probe: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}
