@@ -34,7 +34,9 @@ mgl::topk_method parse_topk_method(const std::string& s) {
 
 Deepseek2Model::Deepseek2Model(const mds::MdsFile& file, mgl::backend& backend,
                                const WeightOptions& options)
-    : file_(file), cfg_(file.config()), store_(std::make_unique<WeightStore>(file, backend)) {
+    : file_(file),
+      cfg_(file.config()),
+      store_(std::make_unique<WeightStore>(file, backend, options.experts_resident)) {
     if (cfg_.scoring_func != "softmax") {
         throw mds::FileError(file_.path() +
                              ": config scoring_func: expected \"softmax\", found \"" +

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "model/staged_copy.h"
@@ -26,8 +28,8 @@ uint64_t total(const std::vector<std::span<const uint8_t>>& parts) {
 
 }  // namespace
 
-WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend)
-    : file_(file), backend_(backend) {}
+WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend, bool experts_resident)
+    : file_(file), backend_(backend), experts_resident_(experts_resident) {}
 
 WeightStore::~WeightStore() = default;
 
@@ -64,7 +66,7 @@ mgl::tensor* WeightStore::add_expert_table(mgl::context& ctx, int64_t layer,
                                            std::vector<const uint8_t*> blobs, uint64_t blob_bytes) {
     mgl::tensor* t = ctx.new_tensor(mgl::dtype::i64, {int64_t(blobs.size())},
                                     "expert_table-" + std::to_string(layer));
-    tables_.push_back({t, std::move(blobs), blob_bytes});
+    tables_.push_back({t, std::move(blobs), blob_bytes, {}});
     return t;
 }
 
@@ -76,7 +78,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
 
     // Expert tables: one buffer of backend memory, n_experts addresses per MoE layer.
     uint64_t n_entries = 0;
-    for (const Table& tb : tables_) n_entries += tb.blobs.size();
+    for (const ExpertTable& tb : tables_) n_entries += tb.blobs.size();
     std::vector<int64_t> addresses;
     addresses.reserve(n_entries);
     placement_.table_bytes = n_entries * sizeof(int64_t);
@@ -84,7 +86,7 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
 
     if (!copy) {
         for (const Item& it : items_) placement_.dense_bytes += total(it.parts);
-        for (const Table& tb : tables_) {
+        for (const ExpertTable& tb : tables_) {
             for (const uint8_t* b : tb.blobs) addresses.push_back(int64_t(b));
             placement_.expert_bytes += tb.blobs.size() * tb.blob_bytes;
         }
@@ -94,8 +96,10 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             it.offset = dense;
             dense = align_up(dense + total(it.parts), kAlign);
         }
-        for (const Table& tb : tables_)
-            experts += tb.blobs.size() * align_up(tb.blob_bytes, kAlign);
+        const bool in_place = !experts_resident_ && !tables_.empty();
+        if (!in_place)
+            for (const ExpertTable& tb : tables_)
+                experts += tb.blobs.size() * align_up(tb.blob_bytes, kAlign);
         placement_.dense_bytes = dense;
         placement_.expert_bytes = experts;
         dense_ = backend_.alloc_buffer(std::max<uint64_t>(dense, 1));
@@ -156,8 +160,31 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             mgl::bind(*it.t, *dense_, it.offset);
         }
         stamp("dense weights copied");
+        if (in_place) {
+            // The experts stay in the mapping: register the span of their blobs (read-only) so
+            // the backend's kernels and copies address it directly.
+            const uint8_t* lo = tables_[0].blobs[0];
+            const uint8_t* hi = lo;
+            for (const ExpertTable& tb : tables_) {
+                for (const uint8_t* b : tb.blobs) {
+                    lo = std::min(lo, b);
+                    hi = std::max(hi, b + tb.blob_bytes);
+                }
+            }
+            expert_registration_ = backend_.register_host(lo, size_t(hi - lo), true);
+            if (!expert_registration_)
+                throw std::runtime_error(
+                    "weight store: the backend refused to register the experts' " +
+                    std::to_string((hi - lo) >> 20) + " MiB of the mapping for reading in place");
+            placement_.experts_in_place = true;
+            for (const ExpertTable& tb : tables_)
+                for (const uint8_t* b : tb.blobs)
+                    addresses.push_back(int64_t(expert_registration_->device_address(b)));
+            stamp("experts registered in place");
+        }
         uint64_t slot = 0;
-        for (const Table& tb : tables_) {
+        for (const ExpertTable& tb : tables_) {
+            if (in_place) break;
             for (const uint8_t* b : tb.blobs) {
                 auto* dst = static_cast<uint8_t*>(experts_->base()) + slot;
                 copy_in(dst, b, tb.blob_bytes);
@@ -172,8 +199,10 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
     }
 
     uint64_t at = 0;
-    for (const Table& tb : tables_) {
+    for (ExpertTable& tb : tables_) {
         mgl::bind(*tb.t, *tables_buf_, at * sizeof(int64_t));
+        tb.home.assign(addresses.begin() + std::ptrdiff_t(at),
+                       addresses.begin() + std::ptrdiff_t(at + tb.blobs.size()));
         at += tb.blobs.size();
     }
     if (n_entries) {

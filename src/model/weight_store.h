@@ -29,24 +29,29 @@ struct WeightOptions {
     // Stack the rows of the first query projection and kv_a_proj_with_mqa into one weight when
     // the weights are copied anyway (one matmul over the shared input instead of two).
     bool merge_projections = true;
+    // Copy the routed experts into backend memory (a copying store). false leaves them in the
+    // mapping, registered with the backend so its kernels read them in place over the bus, for
+    // an expert cache (runtime/expert_offload.h) to hold the ones in use.
+    bool experts_resident = true;
     // Called while copying: bytes done, bytes in all (only when copying).
     std::function<void(uint64_t, uint64_t)> progress;
 };
 
 struct WeightPlacement {
-    bool copied = false;          // weights copied into backend memory
-    bool registered = false;      // the mapping was registered for the copy
-    bool staged = false;          // copied through pinned staging buffers (StagedCopier)
-    uint64_t dense_bytes = 0;     // dense weights (incl. merged copies)
-    uint64_t expert_bytes = 0;    // routed expert blobs
-    uint64_t table_bytes = 0;     // expert tables
-    double seconds = 0.0;         // wall time of place()
-    std::string memory = "host";  // where the backend reads them
+    bool copied = false;            // weights copied into backend memory
+    bool registered = false;        // the mapping was registered for the copy
+    bool staged = false;            // copied through pinned staging buffers (StagedCopier)
+    bool experts_in_place = false;  // experts read from the registered mapping (not copied)
+    uint64_t dense_bytes = 0;       // dense weights (incl. merged copies)
+    uint64_t expert_bytes = 0;      // routed expert blobs
+    uint64_t table_bytes = 0;       // expert tables
+    double seconds = 0.0;           // wall time of place()
+    std::string memory = "host";    // where the backend reads them
 };
 
 class WeightStore {
 public:
-    WeightStore(const mds::MdsFile& file, mgl::backend& backend);
+    WeightStore(const mds::MdsFile& file, mgl::backend& backend, bool experts_resident = true);
     ~WeightStore();
     WeightStore(const WeightStore&) = delete;
     WeightStore& operator=(const WeightStore&) = delete;
@@ -70,23 +75,31 @@ public:
     void place(const std::function<void(uint64_t, uint64_t)>& progress = {});
     const WeightPlacement& placement() const { return placement_; }
 
+    // One MoE layer's expert table after place(): the tensor the kernels read, each expert's
+    // bytes in the mapping, and the address place() wrote for it (its copy in backend memory,
+    // or the mapping as the backend addresses it).
+    struct ExpertTable {
+        mgl::tensor* t = nullptr;
+        std::vector<const uint8_t*> blobs;
+        uint64_t blob_bytes = 0;
+        std::vector<int64_t> home;
+    };
+    const std::vector<ExpertTable>& expert_tables() const { return tables_; }
+
 private:
     struct Item {
         mgl::tensor* t = nullptr;
         std::vector<std::span<const uint8_t>> parts;
         uint64_t offset = 0;  // in the dense buffer
     };
-    struct Table {
-        mgl::tensor* t = nullptr;
-        std::vector<const uint8_t*> blobs;
-        uint64_t blob_bytes = 0;
-    };
 
     const mds::MdsFile& file_;
     mgl::backend& backend_;
+    bool experts_resident_ = true;
     std::vector<Item> items_;
     std::vector<std::vector<uint8_t>> owned_;
-    std::vector<Table> tables_;
+    std::vector<ExpertTable> tables_;
+    std::unique_ptr<mgl::host_registration> expert_registration_;  // experts_in_place
     mgl::buffer_ptr dense_, experts_, tables_buf_;
     WeightPlacement placement_;
 };

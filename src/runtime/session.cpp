@@ -181,7 +181,8 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
         backend_.download(*ids[l], r.ids.data() + l * per_layer, 0, per_layer * sizeof(int32_t));
         backend_.download(*wts[l], r.weights.data() + l * per_layer, 0, per_layer * sizeof(float));
     }
-    routing_observer_(r);
+    if (expert_cache_hook_) expert_cache_hook_(r);
+    if (routing_observer_) routing_observer_(r);
 }
 
 std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_logits,
@@ -219,7 +220,7 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     }
     std::vector<float> out(size_t(s->out.logits->nelements()));
     backend_.download(*s->out.logits, out.data(), 0, out.size() * sizeof(float));
-    if (routing_observer_) report_routing(*s, T, !decode);
+    if (routing_observer_ || expert_cache_hook_) report_routing(*s, T, !decode);
 
     cache_->advance(seq_, T);
     history_.insert(history_.end(), tokens.begin(), tokens.end());

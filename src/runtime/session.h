@@ -72,6 +72,9 @@ public:
     int64_t common_prefix(std::span<const int32_t> tokens) const;
 
     void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
+    // The expert cache's bookkeeping (runtime/expert_offload.h): sees the routing of every eval,
+    // before the routing observer, once the eval's logits are back.
+    void set_expert_cache_hook(RoutingObserver f) { expert_cache_hook_ = std::move(f); }
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // Decode steps go through the recorded graph (default). false records a fresh graph for
@@ -115,6 +118,7 @@ private:
     std::unique_ptr<StepGraph> decode_;       // recorded on the first decoded token
     bool use_decode_graph_ = true;
     RoutingObserver routing_observer_;
+    RoutingObserver expert_cache_hook_;
     RoutingOverride routing_override_;
 };
 

@@ -1,0 +1,134 @@
+#include "runtime/expert_offload.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace minids {
+
+namespace {
+
+constexpr uint64_t kSlotAlign = 256;
+
+}  // namespace
+
+ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
+                             routing::CacheConfig config)
+    : store_(model.weights()), backend_(backend), config_(config) {
+    const auto& tables = store_.expert_tables();
+    if (tables.empty()) throw std::invalid_argument("expert cache: the model has no MoE layers");
+    config_.n_layers = int32_t(tables.size());
+    config_.n_experts = int32_t(tables[0].blobs.size());
+    routing::check_config(config_, int32_t(model.config().num_experts_per_tok));
+    cache_ = routing::make_expert_cache(config_);
+    const uint64_t blob_bytes = tables[0].blob_bytes;
+    slot_stride_ = (blob_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    slots_ = backend_.alloc_buffer(size_t(slot_stride_ * uint64_t(config_.n_slots)));
+    slot_key_.assign(size_t(config_.n_slots), -1);
+    for (const auto& t : tables) {
+        if (t.home.size() != t.blobs.size() || t.blob_bytes != blob_bytes)
+            throw std::logic_error("expert cache: the weights are not placed yet");
+        shadow_.push_back(t.home);
+    }
+    point_home();
+}
+
+ExpertOffload::~ExpertOffload() {
+    // The model outlives the cache: its tables must not keep addresses of freed slots.
+    try {
+        backend_.synchronize();
+        point_home();
+    } catch (...) {
+    }
+}
+
+void ExpertOffload::point_home() {
+    const auto& tables = store_.expert_tables();
+    for (size_t l = 0; l < tables.size(); ++l) {
+        shadow_[l] = tables[l].home;
+        backend_.copy_to_backend(tables[l].t->data, shadow_[l].data(),
+                                 shadow_[l].size() * sizeof(int64_t));
+    }
+}
+
+int64_t ExpertOffload::table_entry(int32_t layer, int32_t expert) const {
+    return shadow_[size_t(layer)][size_t(expert)];
+}
+
+int64_t ExpertOffload::home(int32_t layer, int32_t expert) const {
+    return store_.expert_tables()[size_t(layer)].home[size_t(expert)];
+}
+
+int64_t ExpertOffload::slot_address(int32_t slot) const {
+    return int64_t(static_cast<uint8_t*>(slots_->base()) + uint64_t(slot) * slot_stride_);
+}
+
+const uint8_t* ExpertOffload::blob(int32_t layer, int32_t expert) const {
+    return store_.expert_tables()[size_t(layer)].blobs[size_t(expert)];
+}
+
+void ExpertOffload::after_step(const RoutingRecord& r) {
+    const int32_t L = config_.n_layers, E = config_.n_experts;
+    const int64_t T = r.n_tokens, k = r.k;
+    if (int64_t(r.ids.size()) != int64_t(L) * T * k)
+        throw std::invalid_argument("expert cache: a routing record of " +
+                                    std::to_string(r.ids.size()) + " ids for " + std::to_string(L) +
+                                    " layers x " + std::to_string(T) + " tokens x " +
+                                    std::to_string(k));
+    std::vector<int32_t> changed;  // slots whose occupant changed in this step
+    routing::AccessHint hint;
+    for (int64_t t = 0; t < T; ++t) {
+        for (int32_t l = 0; l < L; ++l) {
+            for (int64_t j = 0; j < k; ++j) {
+                const int32_t e = r.ids[size_t((int64_t(l) * T + t) * k + j)];
+                const routing::AccessResult a = cache_->access(l, e, hint, true);
+                ++stats_.accesses;
+                if (a.outcome == routing::AccessResult::hit) {
+                    ++stats_.hits;
+                    continue;
+                }
+                slot_key_[size_t(a.slot)] = l * E + e;
+                changed.push_back(a.slot);
+            }
+            cache_->unpin_all();
+        }
+    }
+    ++stats_.steps;
+    if (changed.empty()) return;
+
+    // Point every table entry at where its expert is now. The experts that left a slot go home
+    // first (in the same upload, ordered before any fill by the stream).
+    std::sort(changed.begin(), changed.end());
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    std::vector<char> layer_dirty(size_t(L), 0);
+    for (int32_t l = 0; l < L; ++l) {
+        for (int32_t e = 0; e < E; ++e) {
+            const int32_t s = cache_->slot_of(l, e);
+            const int64_t want = s >= 0 ? slot_address(s) : home(l, e);
+            int64_t& have = shadow_[size_t(l)][size_t(e)];
+            if (have != want) {
+                // An entry moving to a slot must wait for the fill below; one moving home may
+                // change now. Both are uploaded after the fills, which the stream orders after
+                // the step that read the old contents.
+                have = want;
+                layer_dirty[size_t(l)] = 1;
+            }
+        }
+    }
+    for (int32_t s : changed) {
+        const int32_t key = slot_key_[size_t(s)];
+        const uint8_t* src = blob(key / E, key % E);
+        backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(s)), src,
+                                       size_t(store_.expert_tables()[0].blob_bytes));
+        ++stats_.fills;
+        stats_.bytes_filled += store_.expert_tables()[0].blob_bytes;
+    }
+    for (int32_t l = 0; l < L; ++l) {
+        if (!layer_dirty[size_t(l)]) continue;
+        mgl::tensor* t = store_.expert_tables()[size_t(l)].t;
+        backend_.copy_to_backend_async(t->data, shadow_[size_t(l)].data(),
+                                       shadow_[size_t(l)].size() * sizeof(int64_t));
+    }
+}
+
+}  // namespace minids

@@ -1,0 +1,80 @@
+// The expert cache's engine side (docs/expert-cache.md): a pool of expert slots in backend
+// memory and the policy (routing/expert_cache.h) that decides which experts occupy them.
+//
+// Every entry of a MoE layer's expert table always holds a valid address: the expert's slot
+// when it is resident, else its home (where place() left it: the registered mapping for a model
+// loaded with WeightOptions::experts_resident = false). The forward reads whatever the table
+// says, so a step never waits for the cache. After each step, after_step() replays the step's
+// routing through the policy in the simulator's order (token by token, layer by layer, a
+// token's k experts of a layer pinned together), so its hit counts are the simulator's on the
+// same trace; then the slots whose occupant changed are filled from the mapping and the changed
+// table entries uploaded, both queued on the backend's stream before the next step.
+//
+// Invariant (checked by the tests): an entry points at a slot only when that slot holds that
+// expert's bytes. A slot is refilled only after the step that read it has finished (after_step
+// runs once the host has the step's logits), and the entry of the expert it held has been
+// pointed home in the same upload, which the stream orders before the next step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mgl.h"
+#include "model/deepseek2.h"
+#include "routing/expert_cache.h"
+#include "runtime/session.h"
+
+namespace minids {
+
+struct OffloadStats {
+    int64_t steps = 0;
+    int64_t accesses = 0;  // expert uses replayed through the policy
+    int64_t hits = 0;      // uses that found the expert in a slot
+    int64_t fills = 0;     // slots filled from the mapping
+    uint64_t bytes_filled = 0;
+    double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+};
+
+class ExpertOffload {
+public:
+    // `config.n_layers` and `n_experts` are taken from the model; n_slots, policy, per_layer and
+    // decay_half_life from `config`. Allocates the slot pool in backend memory.
+    ExpertOffload(const Deepseek2Model& model, mgl::backend& backend, routing::CacheConfig config);
+    // Points the tables home again: the model runs on without the cache.
+    ~ExpertOffload();
+    ExpertOffload(const ExpertOffload&) = delete;
+    ExpertOffload& operator=(const ExpertOffload&) = delete;
+
+    // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
+    void after_step(const RoutingRecord& r);
+
+    const OffloadStats& stats() const { return stats_; }
+    const routing::CacheConfig& config() const { return config_; }
+    uint64_t slot_bytes() const { return slot_stride_; }
+    // What the table of MoE layer `layer` (index among MoE layers) holds for `expert` now, and
+    // where the expert's bytes live when it is not resident.
+    int64_t table_entry(int32_t layer, int32_t expert) const;
+    int64_t home(int32_t layer, int32_t expert) const;
+    // The slot's address in backend memory.
+    int64_t slot_address(int32_t slot) const;
+    // The expert in `slot`, as layer · n_experts + expert, or -1.
+    int32_t slot_key(int32_t slot) const { return slot_key_[size_t(slot)]; }
+    // The expert's bytes in the mapping.
+    const uint8_t* blob(int32_t layer, int32_t expert) const;
+
+private:
+    void point_home();
+
+    const WeightStore& store_;
+    mgl::backend& backend_;
+    routing::CacheConfig config_;
+    std::unique_ptr<routing::ExpertCache> cache_;
+    mgl::buffer_ptr slots_;
+    uint64_t slot_stride_ = 0;
+    std::vector<int32_t> slot_key_;             // occupant of each slot
+    std::vector<std::vector<int64_t>> shadow_;  // per MoE layer: what its table holds
+    OffloadStats stats_;
+};
+
+}  // namespace minids
