@@ -105,6 +105,7 @@ int bench(BenchOptions o) {
     if (gpu) std::fprintf(stderr, "minids bench: device copy bandwidth %.0f GB/s\n", bandwidth);
 
     Session session(*m.model, *m.backend, m.session_params);
+    attach_expert_cache(m, session);
     RoutingHooks routing(o.routing, m, "bench");
     routing.install(session);
 
@@ -141,6 +142,8 @@ int bench(BenchOptions o) {
                 r.floor_tok_s = bandwidth * 1e9 / decode_bytes(m, d + ng / 2);
             std::fprintf(stderr, "minids bench: %-20s %10.2f ± %.2f tok/s\n", r.test.c_str(),
                          r.mean, r.sd);
+            if (const std::string ec = expert_cache_summary(m); !ec.empty())
+                std::fprintf(stderr, "minids bench: %s (totals so far)\n", ec.c_str());
             rows.push_back(r);
         };
         for (int64_t p : o.n_prompt)

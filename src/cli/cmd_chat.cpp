@@ -229,6 +229,7 @@ int chat(const ChatOptions& o) {
     const int64_t answer_room = o.n_predict > 0 ? std::min(o.n_predict, n_ctx / 2) : n_ctx / 4;
 
     Session session(*m.model, *m.backend, m.session_params);
+    attach_expert_cache(m, session);
     RoutingHooks routing(o.routing, m, "chat");  // the trace is written when chat returns
     routing.install(session);
     Sampler sampler(o.sampling, n_ctx);
@@ -330,6 +331,8 @@ int chat(const ChatOptions& o) {
             st.stop == StopReason::interrupted    ? ", interrupted"
             : st.stop == StopReason::context_full ? ", context full"
                                                   : "");
+        if (const std::string ec = expert_cache_summary(m); !ec.empty())
+            std::fprintf(stderr, "[%s]\n", ec.c_str());
     }
 }
 

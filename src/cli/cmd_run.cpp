@@ -162,6 +162,7 @@ int run(const RunOptions& o) {
     // -n beyond the room left generates until the context is full, as llama.cpp does.
 
     Session session(*m.model, *m.backend, m.session_params);
+    attach_expert_cache(m, session);
     RoutingHooks routing(o.routing, m, "run");
     routing.install(session);
     Sampler sampler(o.sampling, o.model.n_ctx);
@@ -237,6 +238,8 @@ int run(const RunOptions& o) {
         (long long)st.n_prompt, st.prompt_s,
         st.prompt_s > 0 ? double(st.n_prompt) / st.prompt_s : 0.0, (long long)st.n_gen, st.gen_s,
         st.gen_s > 0 ? double(st.n_gen) / st.gen_s : 0.0, stop_name(st.stop), sampler.seed());
+    if (const std::string ec = expert_cache_summary(m); !ec.empty())
+        std::fprintf(stderr, "minids run: %s\n", ec.c_str());
     // Resident memory includes the pages of the mapped file that were touched (the weights read).
     struct rusage usage {};
     if (getrusage(RUSAGE_SELF, &usage) == 0) {

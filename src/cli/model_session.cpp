@@ -16,6 +16,7 @@
 #include "cli/model_check.h"
 #include "mgl-cuda.h"
 #include "model/config.h"
+#include "runtime/memory_plan.h"
 #include "tokenizer/tokenizer_data.h"
 #include "util/output_file.h"
 
@@ -50,6 +51,25 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
         ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
     cmd.add_flag("!--no-cuda-graphs", f.cuda_graphs,
                  "run every decode step eagerly instead of replaying one captured CUDA graph");
+    cmd.add_option("--vram-budget", f.vram_budget,
+                   "GPU memory the run may use, e.g. 12GiB or 11000MiB (default: free memory "
+                   "less 1 GiB); turns on the memory plan: dense weights, KV cache and work memory "
+                   "first, then as many expert slots as fit (new, see docs/expert-cache.md)");
+    cmd.add_option("--expert-cache-slots", f.expert_cache_slots,
+                   "routed experts kept in memory by the expert cache (the rest are read from "
+                   "the mapped file as needed); turns the cache on. On the CPU it only exercises "
+                   "the cache's bookkeeping")
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+    cmd.add_option(
+           "--expert-cache-policy", f.expert_cache_policy,
+           "which expert the cache evicts: lru, lfu or decay (docs/expert-cache-policies.md)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"lru", "lfu", "decay"}));
+    cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
+                   "one slot pool for all MoE layers (global) or a fixed share per layer "
+                   "(per-layer)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"global", "per-layer"}));
 }
 
 CLI::Validator finite_in(double lo, double hi) {
@@ -170,6 +190,24 @@ double gib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0 * 1024.0); 
 
 }  // namespace
 
+void attach_expert_cache(const LoadedModel& m, Session& session) {
+    if (!m.expert_cache) return;
+    ExpertOffload* cache = m.expert_cache.get();
+    session.set_expert_cache_hook([cache](const RoutingRecord& r) { cache->after_step(r); });
+}
+
+std::string expert_cache_summary(const LoadedModel& m) {
+    if (!m.expert_cache) return "";
+    const OffloadStats& st = m.expert_cache->stats();
+    char s[256];
+    std::snprintf(s, sizeof s,
+                  "expert cache: %lld slots, hit rate %.3f (%lld of %lld), %lld fills, %.1f MiB "
+                  "copied in",
+                  (long long)m.expert_cache->config().n_slots, st.hit_rate(), (long long)st.hits,
+                  (long long)st.accesses, (long long)st.fills, mib(st.bytes_filled));
+    return s;
+}
+
 std::string resolve_model_path(const std::string& flag, const char* command) {
     if (!flag.empty()) {
         std::error_code ec;
@@ -214,23 +252,75 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     sp.kv_type = flags.cache_type.empty()     ? (gpu ? mgl::dtype::bf16 : mgl::dtype::f32)
                  : flags.cache_type == "bf16" ? mgl::dtype::bf16
                                               : mgl::dtype::f32;
-    const uint64_t kv_bytes = uint64_t(c.num_hidden_layers) * uint64_t(flags.n_ctx) *
-                              uint64_t(c.kv_cache_width()) * mgl::dtype_size(sp.kv_type);
+    const uint64_t kv_per_token =
+        uint64_t(c.num_hidden_layers) * uint64_t(c.kv_cache_width()) * mgl::dtype_size(sp.kv_type);
+    const uint64_t kv_bytes = kv_per_token * uint64_t(flags.n_ctx);
+    WeightOptions wo;
+    std::optional<routing::CacheConfig> cache_config;
+    const auto& experts = m.file->experts();
+    const int64_t n_experts = int64_t(experts.blobs.size());
+    routing::CacheConfig cc;
+    cc.policy = routing::parse_policy(flags.expert_cache_policy);
+    cc.per_layer = flags.expert_cache_pools == "per-layer";
+    const int64_t n_moe = c.n_routed_experts ? n_experts / c.n_routed_experts : 0;
+    const int64_t min_slots = c.num_experts_per_tok * (cc.per_layer ? n_moe : 1);
+    uint64_t budget_flag = 0;  // checked here so a bad size is refused on the CPU too
+    if (!flags.vram_budget.empty()) {
+        try {
+            budget_flag = parse_byte_size(flags.vram_budget);
+        } catch (const std::invalid_argument& e) {
+            throw UserError(std::string("--vram-budget: ") + e.what());
+        }
+    }
+    if (flags.expert_cache_requested() && n_experts == 0)
+        throw UserError("the model has no routed experts: there is nothing for an expert cache");
     if (gpu) {
         const mgl::cuda_device_info dev = mgl::cuda_info(0);
-        uint64_t weights = 0;
-        for (const auto& t : m.file->tensors()) weights += t.nbytes;
-        weights += uint64_t(m.file->experts().blobs.size()) * m.file->experts().blob_nbytes;
+        uint64_t dense = 0;
+        for (const auto& t : m.file->tensors()) dense += t.nbytes;
+        uint64_t weights = dense + uint64_t(n_experts) * experts.blob_nbytes;
         // Workspaces, graphs, activations and the merged projections: measured well under this.
         const uint64_t work = (uint64_t(1) << 30) + weights / 50;
         const uint64_t need = weights + kv_bytes + work;
-        if (need > dev.free_bytes) {
+        if (flags.expert_cache_requested()) {
+            uint64_t budget =
+                dev.free_bytes > (uint64_t(1) << 30) ? dev.free_bytes - (uint64_t(1) << 30) : 0;
+            if (!flags.vram_budget.empty()) {
+                budget = budget_flag;
+                if (budget > dev.free_bytes) {
+                    char msg[256];
+                    std::snprintf(msg, sizeof msg,
+                                  "--vram-budget %s is more than the %.2f GiB %s has free",
+                                  flags.vram_budget.c_str(), gib(dev.free_bytes), dev.name.c_str());
+                    throw UserError(msg);
+                }
+            }
+            MemoryPlanInput in;
+            in.budget = budget;
+            in.dense_bytes = dense;
+            in.slot_bytes = (experts.blob_nbytes + 255) / 256 * 256;
+            in.n_experts = n_experts;
+            in.min_slots = min_slots;
+            in.kv_bytes_per_token = kv_per_token;
+            in.n_ctx = flags.n_ctx;
+            in.work_bytes = (uint64_t(1) << 30) + dense / 50;
+            in.forced_slots = flags.expert_cache_slots;
+            const MemoryPlan plan = plan_memory(in);
+            if (!plan.fits) throw UserError(plan.refusal);
+            std::fprintf(stderr, "minids %s: memory plan on %s:\n%s\n", command, dev.name.c_str(),
+                         plan.table(budget).c_str());
+            if (!plan.resident || flags.expert_cache_slots >= 0) {
+                cc.n_slots = plan.slots;
+                cache_config = cc;
+                wo.experts_resident = false;
+            }
+        } else if (need > dev.free_bytes) {
             char msg[512];
             std::snprintf(msg, sizeof msg,
                           "the model needs %.2f GiB of GPU memory (weights %.2f, KV cache %.2f "
                           "for -c %lld, work %.2f) but %s has %.2f GiB free; use --cpu, a smaller "
-                          "-c, or a smaller model (an expert cache for models larger than the "
-                          "GPU is not built yet)",
+                          "-c, or --vram-budget to keep only some experts on the GPU (the expert "
+                          "cache is new and not yet measured on a GPU)",
                           gib(need), gib(weights), gib(kv_bytes), (long long)flags.n_ctx, gib(work),
                           dev.name.c_str(), gib(dev.free_bytes));
             throw UserError(msg);
@@ -246,6 +336,18 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
         } catch (const std::system_error& e) {  // ulimit -v / -u: not enough for the threads
             throw UserError(std::string(e.what()) + "; use fewer with -t");
         }
+        if (flags.expert_cache_slots >= 0) {
+            if (flags.expert_cache_slots < min_slots)
+                throw UserError("--expert-cache-slots " + std::to_string(flags.expert_cache_slots) +
+                                " is fewer than the " + std::to_string(min_slots) +
+                                " experts one step reads at once");
+            cc.n_slots = std::min<int64_t>(flags.expert_cache_slots, n_experts);
+            cache_config = cc;
+        }
+        if (!flags.vram_budget.empty())
+            std::fprintf(stderr,
+                         "minids %s: --vram-budget applies to the GPU; ignored on the CPU\n",
+                         command);
         // The cache is allocated whole; one that cannot fit in this machine's memory is the
         // flag's fault, said before the allocation fails (or the kernel's OOM killer steps in).
         const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
@@ -254,7 +356,6 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
                             std::to_string(kv_bytes >> 20) + " MiB, more than this machine's " +
                             std::to_string(ram >> 20) + " MiB of memory");
     }
-    WeightOptions wo;
     const bool tty = isatty(fileno(stderr));
     double last_report = -1.0;
     wo.progress = [&](uint64_t done, uint64_t all) {
@@ -270,6 +371,19 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     m.file = std::move(checked.file);
     m.model = std::move(checked.model);
     m.tokenizer = std::move(checked.tokenizer);
+    if (cache_config) {
+        try {
+            m.expert_cache = std::make_unique<ExpertOffload>(*m.model, *m.backend, *cache_config);
+        } catch (const std::invalid_argument& e) {
+            throw UserError(std::string("expert cache: ") + e.what());
+        }
+        std::fprintf(stderr,
+                     "minids %s: expert cache: %lld of %lld routed experts in slots (%s, %s "
+                     "pool%s); the others are read from the mapped file as needed\n",
+                     command, (long long)cache_config->n_slots, (long long)n_experts,
+                     flags.expert_cache_policy.c_str(), flags.expert_cache_pools.c_str(),
+                     cc.per_layer ? "s" : "");
+    }
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& ex = m.file->experts();
@@ -283,16 +397,18 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
                  (long long)c.n_shared_experts.value_or(0));
     const WeightPlacement& wp = m.model->weights().placement();
     if (wp.copied) {
-        std::fprintf(stderr,
-                     "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB, expert "
-                     "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
-                     "for %lld tokens (%s)\n",
-                     command, mib(wp.dense_bytes), mib(wp.expert_bytes), mib(wp.table_bytes),
-                     wp.seconds,
-                     wp.registered ? "from the page-locked mapping"
-                     : wp.staged   ? "through pinned staging buffers"
-                                   : "from the pageable mapping",
-                     mib(kv_bytes), (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
+        std::fprintf(
+            stderr,
+            "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB%s, expert "
+            "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
+            "for %lld tokens (%s)\n",
+            command, mib(wp.dense_bytes), mib(wp.expert_bytes),
+            wp.experts_in_place ? " (the rest read in place from the registered file)" : "",
+            mib(wp.table_bytes), wp.seconds,
+            wp.registered ? "from the page-locked mapping"
+            : wp.staged   ? "through pinned staging buffers"
+                          : "from the pageable mapping",
+            mib(kv_bytes), (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
     } else {
         std::fprintf(stderr,
                      "minids %s: weights %.1f MiB read from the mapped file, KV cache %.1f MiB "

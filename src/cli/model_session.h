@@ -13,6 +13,7 @@
 #include "mds/reader.h"
 #include "mgl.h"
 #include "model/deepseek2.h"
+#include "runtime/expert_offload.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -37,6 +38,14 @@ struct ModelFlags {
     // -ngl / --n-gpu-layers, as llama.cpp: 0 runs on the CPU; any other value means the GPU, with
     // the memory plan deciding what is placed where. Unset: the default backend.
     std::optional<int> n_gpu_layers;
+    // The expert cache (docs/expert-cache.md). Either flag turns it on: the memory plan then
+    // places dense weights, KV cache and work memory within the budget and fills the rest with
+    // expert slots (all experts fit: fully resident, no cache).
+    std::string vram_budget;          // --vram-budget SIZE (GPU; default: free memory less 1 GiB)
+    int64_t expert_cache_slots = -1;  // --expert-cache-slots N (-1: as many as the plan fits)
+    std::string expert_cache_policy = "decay";  // --expert-cache-policy lru|lfu|decay
+    std::string expert_cache_pools = "global";  // --expert-cache-pools global|per-layer
+    bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 
 void add_model_flags(CLI::App& cmd, ModelFlags& flags);
@@ -57,7 +66,13 @@ struct LoadedModel {
     std::unique_ptr<mgl::backend> backend;  // before the model, which places weights for it
     std::unique_ptr<Deepseek2Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<ExpertOffload> expert_cache;  // when the plan keeps experts in the mapping
 };
+
+// Gives a session of `m` its expert cache bookkeeping (nothing without a cache).
+void attach_expert_cache(const LoadedModel& m, Session& session);
+// One line of the cache's counters for stderr ("" without a cache).
+std::string expert_cache_summary(const LoadedModel& m);
 
 // -m, or the demo model (MINIDS_DEMO_MODEL_DEFAULT, then ../models/demo.mds next to the binary),
 // saying on stderr which one. Throws UserError when there is none.

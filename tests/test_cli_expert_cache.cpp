@@ -1,0 +1,64 @@
+// The expert cache's flags on the built binary (--cpu: the cache's bookkeeping only; the GPU
+// path is tested in test_expert_offload_cuda.cpp): the same greedy text with a cache far
+// smaller than the experts, the counters line, and each bad value refused with one line.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+
+using namespace minids::test;
+
+namespace {
+
+std::string demo() { return (models_dir() / "demo.mds").string(); }
+
+void check_refused_with(const CliResult& r, const std::string& needle) {
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 2);
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(r.err.find("internal error") == std::string::npos);
+    CHECK(r.out.empty());
+}
+
+}  // namespace
+
+TEST_CASE("cli expert cache: the same text with most experts out of the cache, and its counters") {
+    const std::vector<std::string> base = {
+        "run", "-m", demo(), "--cpu", "-p", "Return the number of", "-n", "32", "--temp", "0"};
+    const CliResult plain = run_minids(base);
+    REQUIRE(plain.status == 0);
+    for (const char* policy : {"lru", "lfu", "decay"}) {
+        CAPTURE(policy);
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--expert-cache-slots", "24", "--expert-cache-policy", policy});
+        const CliResult cached = run_minids(args);
+        INFO("stderr: " << cached.err);
+        CHECK(cached.status == 0);
+        CHECK(cached.out == plain.out);
+        CHECK(cached.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
+    }
+    std::vector<std::string> per_layer = base;
+    per_layer.insert(per_layer.end(),
+                     {"--expert-cache-slots", "20", "--expert-cache-pools", "per-layer"});
+    const CliResult pl = run_minids(per_layer);
+    CHECK(pl.status == 0);
+    CHECK(pl.out == plain.out);
+}
+
+TEST_CASE("cli expert cache: bad values are refused with one line") {
+    const std::vector<std::string> base = {"run", "-m", demo(), "--cpu", "-p", "hi", "-n", "2"};
+    auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return run_minids(a);
+    };
+    check_refused_with(with({"--expert-cache-slots", "3"}), "fewer than the 4 experts");
+    check_refused_with(with({"--expert-cache-slots", "12", "--expert-cache-pools", "per-layer"}),
+                       "fewer than the 20 experts");
+    check_refused_with(with({"--vram-budget", "12XB"}), "--vram-budget");
+    check_refused_with(with({"--vram-budget", "-1G"}), "--vram-budget");
+    check_refused_with(with({"--expert-cache-policy", "belady"}), "belady");
+    check_refused_with(with({"--expert-cache-pools", "some"}), "some");
+}
