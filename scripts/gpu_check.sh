@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything minids checks on a GPU machine, in one call, ending with one summary line per check:
 # the GPU test cases, the whole suite, GPU vs CPU on the demo model, the synthetic V2-Lite
-# benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token),
+# benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token;
+# FP8 also with the expert cache at a 12 GiB budget and at 208 slots),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
@@ -74,6 +75,19 @@ bench_model() {  # $1 = expert dtype
     timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
         timeout 400 "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
+    fi
+    # The expert cache (issue 10, new): the 12 GiB plan, and 8 slots per MoE layer (208).
+    if [[ $1 == f8_e4m3 ]]; then
+        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
+            > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
+        say "offload 12GiB: rc=$? $(grep -m1 'expert cache:' "$OUT/bench_offload_12g.log" | cut -c1-120)"
+        timeout 300 "$BIN/minids" bench -m "$f" -p 0 -n 64 -r 2 -o md --vram-budget 12GiB \
+            --expert-cache-slots 208 > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
+        say "offload 208 slots: rc=$?"
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
+            grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
+        done
+        grep -h 'hit rate' "$OUT"/bench_offload_*.log 2>/dev/null | tail -2 | while read -r l; do say "  $l"; done
     fi
     if [[ $PROFILE == 1 && $1 == f8_e4m3 ]]; then
         MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
