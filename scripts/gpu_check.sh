@@ -78,9 +78,15 @@ bench_model() {  # $1 = expert dtype
     fi
     # The expert cache (issue 10, new): the 12 GiB plan, and 8 slots per MoE layer (208).
     if [[ $1 == f8_e4m3 ]]; then
+        # The driver's view of the process's GPU memory, sampled every 200 ms during the run.
+        nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits -lms 200 \
+            > "$OUT/offload_12g_mem.txt" 2>/dev/null &
+        local smi=$!
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
             > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
-        say "offload 12GiB: rc=$? $(grep -m1 'expert cache:' "$OUT/bench_offload_12g.log" | cut -c1-120)"
+        local rc=$?
+        kill $smi 2>/dev/null
+        say "offload 12GiB: rc=$rc, peak GPU memory of the process $(sort -n "$OUT/offload_12g_mem.txt" | tail -1) MiB (nvidia-smi; budget 12288 MiB) $(grep -m1 'expert cache:' "$OUT/bench_offload_12g.log" | cut -c1-100)"
         timeout 300 "$BIN/minids" bench -m "$f" -p 0 -n 64 -r 2 -o md --vram-budget 12GiB \
             --expert-cache-slots 208 > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
