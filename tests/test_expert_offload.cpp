@@ -61,9 +61,11 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
         ExpertOffload offload(*cached.model, *cached.backend, cfg);
         Session s(*cached.model, *cached.backend, SessionParams{});
         routing::RoutingTrace trace = empty_trace(*cached.model);
+        s.set_routing_observer([&](const RoutingRecord& r) {
+            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
+        });
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             offload.after_step(r);
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
             check_tables(offload, *cached.model);
         });
 

@@ -78,9 +78,11 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
         Session s(*offloaded.model, *offloaded.backend, sp);
         routing::RoutingTrace trace = empty_trace(*offloaded.model);
         size_t bad_tables = 0;
+        s.set_routing_observer([&](const RoutingRecord& r) {
+            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
+        });
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             offload.after_step(r);
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
             offloaded.backend->synchronize();
             // The tables on the device hold what the cache says.
             const int32_t E = int32_t(offloaded.model->config().n_routed_experts);

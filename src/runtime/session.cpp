@@ -175,11 +175,16 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
     r.prefill = prefill;
     r.k = model_.config().num_experts_per_tok;
     const size_t per_layer = size_t(T * r.k);
+    // The expert cache needs only the ids; the weights are fetched for a routing observer (each
+    // download waits for the device, so a step with only the cache saves one per MoE layer).
+    const bool weights = bool(routing_observer_);
     r.ids.resize(per_layer * ids.size());
-    r.weights.resize(per_layer * ids.size());
+    if (weights) r.weights.resize(per_layer * ids.size());
     for (size_t l = 0; l < ids.size(); ++l) {
         backend_.download(*ids[l], r.ids.data() + l * per_layer, 0, per_layer * sizeof(int32_t));
-        backend_.download(*wts[l], r.weights.data() + l * per_layer, 0, per_layer * sizeof(float));
+        if (weights)
+            backend_.download(*wts[l], r.weights.data() + l * per_layer, 0,
+                              per_layer * sizeof(float));
     }
     if (expert_cache_hook_) expert_cache_hook_(r);
     if (routing_observer_) routing_observer_(r);

@@ -73,7 +73,8 @@ public:
 
     void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
     // The expert cache's bookkeeping (runtime/expert_offload.h): sees the routing of every eval,
-    // before the routing observer, once the eval's logits are back.
+    // before the routing observer, once the eval's logits are back. Its record has the ids; the
+    // weights only when a routing observer is set too.
     void set_expert_cache_hook(RoutingObserver f) { expert_cache_hook_ = std::move(f); }
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
