@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_test_util.h"
 
 using namespace minids::test;
@@ -61,4 +63,24 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
     check_refused_with(with({"--vram-budget", "-1G"}), "--vram-budget");
     check_refused_with(with({"--expert-cache-policy", "belady"}), "belady");
     check_refused_with(with({"--expert-cache-pools", "some"}), "some");
+}
+
+TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases") {
+    const CliResult r = run_minids({"bench", "-m", demo(), "--cpu", "--expert-cache-slots", "24",
+                                    "-p", "32", "-n", "8", "-r", "1", "-o", "json"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.status == 0);
+    const auto rows = nlohmann::json::parse(r.out);
+    std::vector<std::string> phases;
+    for (const auto& row : rows) {
+        const std::string test = row.at("test").get<std::string>();
+        if (test.rfind("expert cache: ", 0) != 0) continue;
+        phases.push_back(test.substr(14));
+        CHECK(row.at("slots").get<int64_t>() == 24);
+        CHECK(row.at("tg_hit_rate").get<double>() >= 0.0);
+        CHECK(row.at("tg_hit_rate").get<double>() <= 1.0);
+        CHECK(row.at("tg_ts").get<double>() > 0.0);
+    }
+    CHECK(phases == std::vector<std::string>{"cold, new prompt", "warm, new prompt",
+                                             "warm, reused prefix", "cold, reused prefix"});
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,14 @@ struct BenchRow {
     std::vector<double> tok_s;  // one per repetition
     double mean = 0.0, sd = 0.0;
     double floor_tok_s = 0.0;  // 0: not applicable
+};
+
+// One phase of the expert cache's benchmark.
+struct PhaseRow {
+    std::string phase;
+    int64_t n_prompt = 0, n_gen = 0;
+    double ttft_s = 0.0, tg_tok_s = 0.0;
+    double prompt_hit_rate = 0.0, tg_hit_rate = 0.0, mib_per_token = 0.0;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -151,6 +160,60 @@ int bench(BenchOptions o) {
         for (int64_t n : o.n_gen)
             if (n > 0) run("tg" + std::to_string(n), 0, n);
     }
+    // With the expert cache: the four phases of issue 10 (cold or warm slots x a new prompt or a
+    // reused prefix), each a prompt (or its last token, the prefix being cached) then n decoded
+    // tokens.
+    std::vector<PhaseRow> phases;
+    if (m.expert_cache && !o.n_prompt.empty() && !o.n_gen.empty()) {
+        const int64_t np = std::max<int64_t>(o.n_prompt.front(), 1), ng = o.n_gen.front();
+        ExpertOffload& cache = *m.expert_cache;
+        for (const auto& [name, cold, reuse] : {std::tuple{"cold, new prompt", true, false},
+                                                {"warm, new prompt", false, false},
+                                                {"warm, reused prefix", false, true},
+                                                {"cold, reused prefix", true, true}}) {
+            if (interrupt->requested()) throw UserError("interrupted");
+            PhaseRow ph;
+            ph.phase = name;
+            const auto prompt = random_tokens(np, c.vocab_size, reuse ? 31 : 29 + phases.size());
+            if (reuse) {  // the prefix in the KV cache, only its last token evaluated
+                session.truncate(0);
+                session.eval(std::span(prompt).first(size_t(np - 1)));
+            } else {
+                session.truncate(0);
+            }
+            if (cold) cache.reset();
+            const OffloadStats before = cache.stats();
+            auto t0 = std::chrono::steady_clock::now();
+            session.eval(reuse ? std::span(prompt).last(1) : std::span(prompt));
+            ph.ttft_s = seconds_since(t0);
+            const OffloadStats mid = cache.stats();
+            const auto gen = random_tokens(ng, c.vocab_size, 37);
+            t0 = std::chrono::steady_clock::now();
+            for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
+            const double s = seconds_since(t0);
+            const OffloadStats after = cache.stats();
+            ph.n_prompt = reuse ? 1 : np;
+            ph.n_gen = ng;
+            ph.tg_tok_s = ng > 0 ? double(ng) / s : 0.0;
+            ph.prompt_hit_rate =
+                mid.accesses > before.accesses
+                    ? double(mid.hits - before.hits) / double(mid.accesses - before.accesses)
+                    : 0.0;
+            ph.tg_hit_rate =
+                after.accesses > mid.accesses
+                    ? double(after.hits - mid.hits) / double(after.accesses - mid.accesses)
+                    : 0.0;
+            ph.mib_per_token =
+                ng > 0 ? double(after.bytes_filled - mid.bytes_filled) / double(ng) / 1048576.0
+                       : 0.0;
+            std::fprintf(stderr,
+                         "minids bench: expert cache, %-20s first token %.3f s, tg %.2f tok/s, "
+                         "hit rate prompt %.3f / decode %.3f, %.1f MiB filled per token\n",
+                         name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
+                         ph.mib_per_token);
+            phases.push_back(ph);
+        }
+    }
     routing.write();
 
     const std::string model_name = std::filesystem::path(m.file->path()).filename().string();
@@ -189,6 +252,19 @@ int bench(BenchOptions o) {
                            {"floor_ts", r.floor_tok_s},
                            {"bandwidth_gbs", bandwidth}});
         }
+        for (const PhaseRow& ph : phases) {
+            out.push_back({{"model", model_name},
+                           {"test", "expert cache: " + ph.phase},
+                           {"n_prompt", ph.n_prompt},
+                           {"n_gen", ph.n_gen},
+                           {"slots", m.expert_cache->config().n_slots},
+                           {"policy", routing::policy_name(m.expert_cache->config().policy)},
+                           {"ttft_s", ph.ttft_s},
+                           {"tg_ts", ph.tg_tok_s},
+                           {"prompt_hit_rate", ph.prompt_hit_rate},
+                           {"tg_hit_rate", ph.tg_hit_rate},
+                           {"tg_mib_filled_per_token", ph.mib_per_token}});
+        }
         std::printf("%s\n", out.dump(2).c_str());
     } else if (o.output == "csv") {
         std::printf(
@@ -213,6 +289,21 @@ int bench(BenchOptions o) {
                         r.test.c_str(), r.mean, r.sd,
                         floor ? fmt("%.0f", r.floor_tok_s).c_str() : "-",
                         floor ? fmt("%.0f%%", 100.0 * r.mean / r.floor_tok_s).c_str() : "-");
+        }
+        if (!phases.empty()) {
+            const auto& cc = m.expert_cache->config();
+            std::printf("\nexpert cache: %lld slots, %s, %s pool%s\n\n", (long long)cc.n_slots,
+                        routing::policy_name(cc.policy), cc.per_layer ? "per-layer" : "global",
+                        cc.per_layer ? "s" : "");
+            std::printf(
+                "| phase | prompt | first token s | tg | tg t/s | hit rate prompt | hit rate tg | "
+                "MiB filled / token |\n");
+            std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+            for (const PhaseRow& ph : phases)
+                std::printf("| %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f |\n",
+                            ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s,
+                            (long long)ph.n_gen, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
+                            ph.mib_per_token);
         }
     }
     return exit_ok;

@@ -42,6 +42,13 @@ ExpertOffload::~ExpertOffload() {
     }
 }
 
+void ExpertOffload::reset() {
+    backend_.synchronize();
+    cache_ = routing::make_expert_cache(config_);
+    slot_key_.assign(slot_key_.size(), -1);
+    point_home();
+}
+
 void ExpertOffload::point_home() {
     const auto& tables = store_.expert_tables();
     for (size_t l = 0; l < tables.size(); ++l) {

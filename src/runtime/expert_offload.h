@@ -46,6 +46,10 @@ public:
     ExpertOffload(const ExpertOffload&) = delete;
     ExpertOffload& operator=(const ExpertOffload&) = delete;
 
+    // Empties every slot and forgets the policy's history (the counters keep running): a cold
+    // cache, for benchmarks. Waits for the backend first.
+    void reset();
+
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
     void after_step(const RoutingRecord& r);
 
