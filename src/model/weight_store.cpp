@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "model/staged_copy.h"
@@ -172,10 +173,13 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
                 }
             }
             expert_registration_ = backend_.register_host(lo, size_t(hi - lo), true);
-            if (!expert_registration_)
-                throw std::runtime_error(
-                    "weight store: the backend refused to register the experts' " +
-                    std::to_string((hi - lo) >> 20) + " MiB of the mapping for reading in place");
+            if (!expert_registration_)  // the system refused: one line, exit status 1
+                throw std::system_error(
+                    std::make_error_code(std::errc::operation_not_permitted),
+                    "the GPU driver refused to register the experts' " +
+                        std::to_string((hi - lo) >> 20) +
+                        " MiB of the mapped file for reading in place (no pinned-copy fallback "
+                        "yet); a budget that holds every expert, or --cpu, avoids it");
             placement_.experts_in_place = true;
             for (const ExpertTable& tb : tables_)
                 for (const uint8_t* b : tb.blobs)
