@@ -103,8 +103,10 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
     ++stats_.steps;
     if (changed.empty()) return;
 
-    // Point every table entry at where its expert is now. The experts that left a slot go home
-    // first (in the same upload, ordered before any fill by the stream).
+    // Point every table entry at where its expert is now, then queue the fills and the table
+    // uploads. The step that read the old slot contents has finished (the host has its logits)
+    // and the next step is launched after these on the same stream, so no kernel runs while a
+    // slot and its entries disagree.
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
     std::vector<char> layer_dirty(size_t(L), 0);
@@ -114,9 +116,6 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
             const int64_t want = s >= 0 ? slot_address(s) : home(l, e);
             int64_t& have = shadow_[size_t(l)][size_t(e)];
             if (have != want) {
-                // An entry moving to a slot must wait for the fill below; one moving home may
-                // change now. Both are uploaded after the fills, which the stream orders after
-                // the step that read the old contents.
                 have = want;
                 layer_dirty[size_t(l)] = 1;
             }
