@@ -44,8 +44,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 say "gpu: $(head -1 "$OUT/gpu.txt")  commit: $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
 
 # 1. GPU test cases (and with --all-tests the whole suite, CPU tests included).
-timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' > "$OUT/tests_cuda.log" 2>&1
+timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' -tce='cuda expert offload*' > "$OUT/tests_cuda.log" 2>&1
 say "tests (cuda*): $(grep -E '^\[doctest\] test cases' "$OUT/tests_cuda.log" | tail -1) [$(elapsed)]"
+# The expert cache's GPU test in a process of its own (new code: a device fault there must not
+# take the other GPU tests' context with it).
+timeout 300 "$BIN/minids_tests" -tc='cuda expert offload*' > "$OUT/tests_offload.log" 2>&1
+say "tests (cuda expert offload): $(grep -E '^\[doctest\] test cases' "$OUT/tests_offload.log" | tail -1) $(grep -m2 'CUDA expert offload' "$OUT/tests_offload.log" | cut -c1-160 | tr '\n' ' ')"
 if [[ $ALL_TESTS == 1 ]]; then
     timeout 900 "$BIN/minids_tests" > "$OUT/tests_all.log" 2>&1
     say "tests (all):   $(grep -E '^\[doctest\] test cases' "$OUT/tests_all.log" | tail -1) [$(elapsed)]"
