@@ -279,31 +279,32 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
         uint64_t dense = 0;
         for (const auto& t : m.file->tensors()) dense += t.nbytes;
         uint64_t weights = dense + uint64_t(n_experts) * experts.blob_nbytes;
-        // Workspaces, graphs, activations and the merged projections: measured well under this.
-        const uint64_t work = (uint64_t(1) << 30) + weights / 50;
+        // Workspaces, graphs, activations and the merged projections for `bytes` of weights on
+        // the GPU: measured well under this.
+        auto work_for = [](uint64_t bytes) { return (uint64_t(1) << 30) + bytes / 50; };
+        const uint64_t work = work_for(weights);
         const uint64_t need = weights + kv_bytes + work;
         if (flags.expert_cache_requested()) {
-            uint64_t budget =
-                dev.free_bytes > (uint64_t(1) << 30) ? dev.free_bytes - (uint64_t(1) << 30) : 0;
-            if (!flags.vram_budget.empty()) {
-                budget = budget_flag;
-                if (budget > dev.free_bytes) {
-                    char msg[256];
-                    std::snprintf(msg, sizeof msg,
-                                  "--vram-budget %s is more than the %.2f GiB %s has free",
-                                  flags.vram_budget.c_str(), gib(dev.free_bytes), dev.name.c_str());
-                    throw UserError(msg);
-                }
+            const uint64_t gib1 = uint64_t(1) << 30;
+            const uint64_t budget = !flags.vram_budget.empty() ? budget_flag
+                                    : dev.free_bytes > gib1    ? dev.free_bytes - gib1
+                                                               : 0;
+            if (budget > dev.free_bytes) {
+                char msg[256];
+                std::snprintf(msg, sizeof msg,
+                              "--vram-budget %s is more than the %.2f GiB %s has free",
+                              flags.vram_budget.c_str(), gib(dev.free_bytes), dev.name.c_str());
+                throw UserError(msg);
             }
             MemoryPlanInput in;
             in.budget = budget;
             in.dense_bytes = dense;
-            in.slot_bytes = (experts.blob_nbytes + 255) / 256 * 256;
+            in.slot_bytes = ExpertOffload::slot_bytes_for(experts.blob_nbytes);
             in.n_experts = n_experts;
             in.min_slots = min_slots;
             in.kv_bytes_per_token = kv_per_token;
             in.n_ctx = flags.n_ctx;
-            in.work_bytes = (uint64_t(1) << 30) + dense / 50;
+            in.work_bytes = work_for(dense);
             in.forced_slots = flags.expert_cache_slots;
             const MemoryPlan plan = plan_memory(in);
             if (!plan.fits) throw UserError(plan.refusal);

@@ -185,20 +185,20 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
                 for (const uint8_t* b : tb.blobs)
                     addresses.push_back(int64_t(expert_registration_->device_address(b)));
             stamp("experts registered in place");
-        }
-        uint64_t slot = 0;
-        for (const ExpertTable& tb : tables_) {
-            if (in_place) break;
-            for (const uint8_t* b : tb.blobs) {
-                auto* dst = static_cast<uint8_t*>(experts_->base()) + slot;
-                copy_in(dst, b, tb.blob_bytes);
-                addresses.push_back(int64_t(dst));
-                slot += align_up(tb.blob_bytes, kAlign);
+        } else {
+            uint64_t slot = 0;
+            for (const ExpertTable& tb : tables_) {
+                for (const uint8_t* b : tb.blobs) {
+                    auto* dst = static_cast<uint8_t*>(experts_->base()) + slot;
+                    copy_in(dst, b, tb.blob_bytes);
+                    addresses.push_back(int64_t(dst));
+                    slot += align_up(tb.blob_bytes, kAlign);
+                }
             }
         }
         if (staged) staged->finish();
         if (progress) progress(all, all);
-        stamp("experts copied");
+        stamp("experts placed");
         owned_.clear();
     }
 

@@ -21,12 +21,12 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
     config_.n_experts = int32_t(tables[0].blobs.size());
     routing::check_config(config_, int32_t(model.config().num_experts_per_tok));
     cache_ = routing::make_expert_cache(config_);
-    const uint64_t blob_bytes = tables[0].blob_bytes;
-    slot_stride_ = (blob_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    blob_bytes_ = tables[0].blob_bytes;
+    slot_stride_ = slot_bytes_for(blob_bytes_);
     slots_ = backend_.alloc_buffer(size_t(slot_stride_ * uint64_t(config_.n_slots)));
     slot_key_.assign(size_t(config_.n_slots), -1);
     for (const auto& t : tables) {
-        if (t.home.size() != t.blobs.size() || t.blob_bytes != blob_bytes)
+        if (t.home.size() != t.blobs.size() || t.blob_bytes != blob_bytes_)
             throw std::logic_error("expert cache: the weights are not placed yet");
         shadow_.push_back(t.home);
     }
@@ -56,6 +56,10 @@ void ExpertOffload::point_home() {
         backend_.copy_to_backend(tables[l].t->data, shadow_[l].data(),
                                  shadow_[l].size() * sizeof(int64_t));
     }
+}
+
+uint64_t ExpertOffload::slot_bytes_for(uint64_t blob_bytes) {
+    return (blob_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
 }
 
 int64_t ExpertOffload::table_entry(int32_t layer, int32_t expert) const {
@@ -125,9 +129,9 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
         const int32_t key = slot_key_[size_t(s)];
         const uint8_t* src = blob(key / E, key % E);
         backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(s)), src,
-                                       size_t(store_.expert_tables()[0].blob_bytes));
+                                       size_t(blob_bytes_));
         ++stats_.fills;
-        stats_.bytes_filled += store_.expert_tables()[0].blob_bytes;
+        stats_.bytes_filled += blob_bytes_;
     }
     for (int32_t l = 0; l < L; ++l) {
         if (!layer_dirty[size_t(l)]) continue;

@@ -34,6 +34,11 @@ struct OffloadStats {
     int64_t fills = 0;     // slots filled from the mapping
     uint64_t bytes_filled = 0;
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+    // What happened between `earlier` and these counters.
+    OffloadStats since(const OffloadStats& earlier) const {
+        return {steps - earlier.steps, accesses - earlier.accesses, hits - earlier.hits,
+                fills - earlier.fills, bytes_filled - earlier.bytes_filled};
+    }
 };
 
 class ExpertOffload {
@@ -52,6 +57,9 @@ public:
 
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
     void after_step(const RoutingRecord& r);
+
+    // Bytes one slot takes for experts of `blob_bytes` (the memory plan counts slots with it).
+    static uint64_t slot_bytes_for(uint64_t blob_bytes);
 
     const OffloadStats& stats() const { return stats_; }
     const routing::CacheConfig& config() const { return config_; }
@@ -75,6 +83,7 @@ private:
     routing::CacheConfig config_;
     std::unique_ptr<routing::ExpertCache> cache_;
     mgl::buffer_ptr slots_;
+    uint64_t blob_bytes_ = 0;
     uint64_t slot_stride_ = 0;
     std::vector<int32_t> slot_key_;             // occupant of each slot
     std::vector<std::vector<int64_t>> shadow_;  // per MoE layer: what its table holds
