@@ -83,4 +83,9 @@ TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases")
     }
     CHECK(phases == std::vector<std::string>{"cold, new prompt", "warm, new prompt",
                                              "warm, reused prefix", "cold, reused prefix"});
+    // A one-token prompt has no prefix to reuse (it once evaluated an empty batch).
+    const CliResult one = run_minids({"bench", "-m", demo(), "--cpu", "--expert-cache-slots", "24",
+                                      "-p", "1", "-n", "4", "-r", "1", "-o", "json"});
+    INFO("stderr: " << one.err);
+    CHECK(one.status == 0);
 }

@@ -175,12 +175,9 @@ int bench(BenchOptions o) {
             PhaseRow ph;
             ph.phase = name;
             const auto prompt = random_tokens(np, c.vocab_size, reuse ? 31 : 29 + phases.size());
-            if (reuse) {  // the prefix in the KV cache, only its last token evaluated
-                session.truncate(0);
-                session.eval(std::span(prompt).first(size_t(np - 1)));
-            } else {
-                session.truncate(0);
-            }
+            session.truncate(0);
+            // A reused prefix is in the KV cache already: only the prompt's last token is timed.
+            if (reuse && np > 1) session.eval(std::span(prompt).first(size_t(np - 1)));
             if (cold) cache.reset();
             const OffloadStats before = cache.stats();
             auto t0 = std::chrono::steady_clock::now();
@@ -195,17 +192,10 @@ int bench(BenchOptions o) {
             ph.n_prompt = reuse ? 1 : np;
             ph.n_gen = ng;
             ph.tg_tok_s = ng > 0 ? double(ng) / s : 0.0;
-            ph.prompt_hit_rate =
-                mid.accesses > before.accesses
-                    ? double(mid.hits - before.hits) / double(mid.accesses - before.accesses)
-                    : 0.0;
-            ph.tg_hit_rate =
-                after.accesses > mid.accesses
-                    ? double(after.hits - mid.hits) / double(after.accesses - mid.accesses)
-                    : 0.0;
-            ph.mib_per_token =
-                ng > 0 ? double(after.bytes_filled - mid.bytes_filled) / double(ng) / 1048576.0
-                       : 0.0;
+            const OffloadStats decode = after.since(mid);
+            ph.prompt_hit_rate = mid.since(before).hit_rate();
+            ph.tg_hit_rate = decode.hit_rate();
+            ph.mib_per_token = ng > 0 ? double(decode.bytes_filled) / double(ng) / 1048576.0 : 0.0;
             std::fprintf(stderr,
                          "minids bench: expert cache, %-20s first token %.3f s, tg %.2f tok/s, "
                          "hit rate prompt %.3f / decode %.3f, %.1f MiB filled per token\n",
