@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include "test_util.h"
 
 namespace minids::test {
@@ -133,6 +135,17 @@ inline size_t count_lines_containing(const std::string& s, const std::string& ne
     size_t n = 0;
     for (const auto& l : lines_of(s)) n += l.find(needle) != std::string::npos;
     return n;
+}
+
+// A refusal: status in 1..127 (2 for the user's mistakes), one error line naming `needle`, no
+// "internal error", nothing on stdout.
+inline void check_refused(const CliResult& r, const std::string& needle, int status = 2) {
+    INFO("stderr: " << r.err);
+    CHECK(r.status == status);
+    CHECK(count_lines_containing(r.err, "error") == 1);
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(r.err.find("internal error") == std::string::npos);
+    CHECK(r.out.empty());
 }
 
 // tiny-v2-lite converted with the binary (BF16 experts), once per test run.

@@ -27,17 +27,6 @@ constexpr bool kSanitized = true;  // ASan reserves terabytes of address space: 
 constexpr bool kSanitized = false;
 #endif
 
-// A refusal: status in 1..127 (2 for the user's mistakes), one error line naming `needle`, no
-// "internal error", nothing on stdout.
-void check_refused(const CliResult& r, const std::string& needle, int status = 2) {
-    INFO("stderr: " << r.err);
-    CHECK(r.status == status);
-    CHECK(count_lines_containing(r.err, "error") == 1);
-    CHECK(r.err.find(needle) != std::string::npos);
-    CHECK(r.err.find("internal error") == std::string::npos);
-    CHECK(r.out.empty());
-}
-
 // Every file left in `dir` (a failed command must leave none of its own).
 std::vector<std::string> files_in(const fs::path& dir) {
     std::vector<std::string> names;
