@@ -273,11 +273,7 @@ TEST_CASE("cuda model: every variant fixture, exact in FP32 and within the BF16 
                 const int64_t n_ctx = int64_t(prompt.size() + ref.greedy[i].size() + 8);
                 auto pick = [&](const std::vector<float>& all) {
                     REQUIRE(all.size() == prompt.size() * V);
-                    std::vector<float> rows;
-                    for (int32_t pos : positions)
-                        rows.insert(rows.end(), all.begin() + std::ptrdiff_t(size_t(pos) * V),
-                                    all.begin() + std::ptrdiff_t(size_t(pos + 1) * V));
-                    return rows;
+                    return rows_at(all, positions, V);
                 };
 
                 // Exact: one token at a time, F32 cache.

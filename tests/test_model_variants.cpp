@@ -63,10 +63,7 @@ VariantResult check_variant(const VariantEntry& v) {
         if (got.size() != prompt.size() * V)
             throw std::runtime_error("the engine returned " + std::to_string(got.size()) +
                                      " logits for " + std::to_string(prompt.size()) + " positions");
-        std::vector<float> picked;
-        for (int32_t pos : ref.positions[i])
-            picked.insert(picked.end(), got.begin() + std::ptrdiff_t(size_t(pos) * V),
-                          got.begin() + std::ptrdiff_t(size_t(pos + 1) * V));
+        const std::vector<float> picked = rows_at(got, ref.positions[i], V);
         const double err =
             worst_position_error(picked, ref.positions[i].size(), V,
                                  [&](size_t t, size_t v) { return want.values[t * V + v]; });

@@ -127,6 +127,18 @@ struct VariantReference {
     std::string source;                     // "transformers" or "deepseek_definition"
 };
 
+// The rows of `all` ([positions, vocab] logits of a whole prompt) at the positions a reference
+// stores, in its order.
+inline std::vector<float> rows_at(const std::vector<float>& all,
+                                  const std::vector<int32_t>& positions, size_t vocab) {
+    std::vector<float> rows;
+    rows.reserve(positions.size() * vocab);
+    for (int32_t pos : positions)
+        rows.insert(rows.end(), all.begin() + std::ptrdiff_t(size_t(pos) * vocab),
+                    all.begin() + std::ptrdiff_t(size_t(pos + 1) * vocab));
+    return rows;
+}
+
 inline VariantReference load_variant_reference(const std::filesystem::path& dir) {
     for (const char* f :
          {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json",
