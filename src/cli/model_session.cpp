@@ -380,7 +380,7 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
         }
         std::fprintf(stderr,
                      "minids %s: expert cache: %lld of %lld routed experts in slots (%s, %s "
-                     "pool%s); the others are read from the mapped file as needed\n",
+                     "pool%s); the others are read over PCIe from host memory as needed\n",
                      command, (long long)cache_config->n_slots, (long long)n_experts,
                      flags.expert_cache_policy.c_str(), flags.expert_cache_pools.c_str(),
                      cc.per_layer ? "s" : "");
@@ -404,7 +404,9 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
             "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
             "for %lld tokens (%s)\n",
             command, mib(wp.dense_bytes), mib(wp.expert_bytes),
-            wp.experts_in_place ? " (the rest read in place from the registered file)" : "",
+            !wp.experts_in_place ? ""
+            : wp.experts_pinned  ? " (in slots; all of them in a registered host copy)"
+                                 : " (in slots; all of them in the registered file)",
             mib(wp.table_bytes), wp.seconds,
             wp.registered ? "from the page-locked mapping"
             : wp.staged   ? "through pinned staging buffers"

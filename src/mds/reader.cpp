@@ -33,7 +33,10 @@ std::unique_ptr<MdsFile> MdsFile::open(const std::string& path) {
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     if (size < sizeof(mds_preamble)) parse_preamble(nullptr, size, path);  // throws: truncated
 
-    void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f->fd_, 0);
+    // MAP_SHARED although nothing is ever written: on the H200 machine (a VM) cudaHostRegister of
+    // a private file mapping had not returned after 40 s for 1 GiB, while a shared one registered
+    // 15 GiB in 10.5 s (docs/perf.md, 2026-12-01). Reading either is the same.
+    void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, f->fd_, 0);
     if (p == MAP_FAILED) throw FileError(path + ": cannot map the file: " + std::strerror(errno));
     f->base_ = static_cast<const uint8_t*>(p);
     f->size_ = size;

@@ -27,16 +27,16 @@ StagedCopier::~StagedCopier() {
     }
 }
 
-void StagedCopier::parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n) const {
-    if (n < kParallelMin || threads_ == 1) {
+void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n, unsigned threads) {
+    if (n < kParallelMin || threads <= 1) {
         std::memcpy(dst, src, n);
         return;
     }
-    const size_t part = (n / threads_ + 4095) / 4096 * 4096;
+    const size_t part = (n / threads + 4095) / 4096 * 4096;
     std::vector<std::thread> workers;
     size_t o = part;
     try {
-        workers.reserve(threads_);
+        workers.reserve(threads);
         for (; o < n; o += part)
             workers.emplace_back([=] { std::memcpy(dst + o, src + o, std::min(part, n - o)); });
     } catch (const std::exception&) {
@@ -54,7 +54,7 @@ void StagedCopier::copy(void* dst, const void* src, uint64_t n) {
         if (filled_ == chunk_) flush();
         const size_t m = size_t(std::min<uint64_t>(n, chunk_ - filled_));
         auto* staging = static_cast<uint8_t*>(buffers_[current_]->base());
-        parallel_memcpy(staging + filled_, s, m);
+        parallel_memcpy(staging + filled_, s, m, threads_);
         segments_.push_back({d, filled_, m});
         filled_ += m;
         d += m;

@@ -16,6 +16,10 @@
 
 namespace minids {
 
+// dst[0, n) <- src[0, n) split over up to `threads` threads (the caller's among them); below a
+// few MiB, or when no thread can be started, the caller copies alone.
+void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n, unsigned threads);
+
 class StagedCopier {
 public:
     // `chunk_bytes` per staging buffer (two are allocated), `threads` memcpy workers.
@@ -36,7 +40,6 @@ private:
         size_t offset, size;
     };
     void flush();
-    void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n) const;
 
     mgl::backend& backend_;
     size_t chunk_;

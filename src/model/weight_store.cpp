@@ -11,6 +11,8 @@
 #include <system_error>
 #include <thread>
 
+#include <sys/mman.h>
+
 #include "model/staged_copy.h"
 
 namespace minids {
@@ -20,6 +22,22 @@ namespace {
 constexpr uint64_t kAlign = 256;  // every copied tensor and blob starts 256-byte aligned
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+AnonymousMemory::AnonymousMemory(size_t bytes) : n_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    // Huge pages where the system allows: fewer faults while filling, fewer pages to pin.
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    p_ = static_cast<uint8_t*>(p);
+}
+
+AnonymousMemory::~AnonymousMemory() {
+    if (p_) munmap(p_, n_);
+}
+
+namespace {
 
 uint64_t total(const std::vector<std::span<const uint8_t>>& parts) {
     uint64_t n = 0;
@@ -69,6 +87,80 @@ mgl::tensor* WeightStore::add_expert_table(mgl::context& ctx, int64_t layer,
                                     "expert_table-" + std::to_string(layer));
     tables_.push_back({t, std::move(blobs), blob_bytes, {}});
     return t;
+}
+
+std::pair<const uint8_t*, uint64_t> WeightStore::expert_span() const {
+    if (tables_.empty()) return {nullptr, 0};
+    const uint8_t* lo = tables_[0].blobs[0];
+    const uint8_t* hi = lo;
+    for (const ExpertTable& tb : tables_) {
+        for (const uint8_t* b : tb.blobs) {
+            lo = std::min(lo, b);
+            hi = std::max(hi, b + tb.blob_bytes);
+        }
+    }
+    return {lo, uint64_t(hi - lo)};
+}
+
+void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
+                                               const std::function<void(uint64_t)>& copied,
+                                               const std::function<void(const char*)>& stamp) {
+    const auto [lo, span] = expert_span();
+    // The default store is a copy of the experts' span in anonymous memory, filled by several
+    // threads and then registered: on the H200 machine (a VM) registering 14 GiB of touched
+    // anonymous memory took 0.58 s, the file mapping 10.5 s (MAP_SHARED) or minutes
+    // (MAP_PRIVATE), and cudaHostAlloc plus the copy ~10.6 s (docs/perf.md, 2026-12-01).
+    // MINIDS_EXPERT_STORE=mapped registers the mapping instead (no second copy in host memory).
+    // A backend that computes in host memory (the CPU) reads the mapping as is.
+    const char* env = std::getenv("MINIDS_EXPERT_STORE");
+    const bool want_mapped = env && std::string(env) == "mapped";
+    if (!want_mapped && backend_.compute_memory() != mgl::memory_kind::host) {
+        expert_copy_ = std::make_unique<AnonymousMemory>(size_t(span));
+        if (!expert_copy_->data()) expert_copy_.reset();  // no room: register the mapping
+    }
+    bool counted = false;  // progress reported for the span already
+    if (expert_copy_) {
+        auto* dst = expert_copy_->data();
+        const unsigned threads = std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+        constexpr uint64_t chunk = 256ull << 20;  // progress granularity
+        for (uint64_t o = 0; o < span; o += chunk) {
+            const uint64_t m = std::min(chunk, span - o);
+            parallel_memcpy(dst + o, lo + o, size_t(m), threads);
+            copied(m);
+        }
+        counted = true;
+        stamp("experts copied to anonymous memory");
+        expert_registration_ = backend_.register_host(dst, size_t(span), true);
+        if (!expert_registration_) expert_copy_.reset();  // refused: try the mapping
+    }
+    if (expert_copy_) {
+        placement_.experts_in_place = placement_.experts_pinned = true;
+        auto* dst = expert_copy_->data();
+        for (ExpertTable& tb : tables_) {
+            for (const uint8_t*& b : tb.blobs) {
+                b = dst + (b - lo);  // the cache fills its slots from the pinned copy
+                addresses.push_back(int64_t(expert_registration_->device_address(b)));
+            }
+        }
+        return;
+    }
+    {
+        // The experts stay in the mapping: register their span (read-only) so the backend's
+        // kernels and copies address it directly.
+        expert_registration_ = backend_.register_host(lo, size_t(span), true);
+        if (!expert_registration_)  // the system refused: one line, exit status 1
+            throw std::system_error(
+                std::make_error_code(std::errc::operation_not_permitted),
+                "the GPU driver refused to register the experts' " + std::to_string(span >> 20) +
+                    " MiB of the mapped file for reading in place, and they could not be "
+                    "copied to pinned memory either; a budget that holds every expert, or "
+                    "--cpu, avoids it");
+        for (const ExpertTable& tb : tables_)
+            for (const uint8_t* b : tb.blobs)
+                addresses.push_back(int64_t(expert_registration_->device_address(b)));
+        if (!counted) copied(span);
+    }
+    placement_.experts_in_place = true;
 }
 
 void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -127,7 +219,9 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
         placement_.registered = registration != nullptr;
         stamp(registration ? "registered the mapping" : "mapping not registered");
 
-        const uint64_t all = dense + experts;
+        // An expert cache's host store is a copy in pinned memory unless the mapping is registered
+        // instead (place_experts_in_host_memory): count it in the progress either way.
+        const uint64_t all = dense + experts + (in_place ? expert_span().second : 0);
         uint64_t done = 0;
         // Without a registration: parallel copies into pinned staging buffers, overlapped with
         // the transfers (MINIDS_STAGED_COPY=0: the driver's own pageable copies).
@@ -162,29 +256,15 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
         }
         stamp("dense weights copied");
         if (in_place) {
-            // The experts stay in the mapping: register the span of their blobs (read-only) so
-            // the backend's kernels and copies address it directly.
-            const uint8_t* lo = tables_[0].blobs[0];
-            const uint8_t* hi = lo;
-            for (const ExpertTable& tb : tables_) {
-                for (const uint8_t* b : tb.blobs) {
-                    lo = std::min(lo, b);
-                    hi = std::max(hi, b + tb.blob_bytes);
-                }
-            }
-            expert_registration_ = backend_.register_host(lo, size_t(hi - lo), true);
-            if (!expert_registration_)  // the system refused: one line, exit status 1
-                throw std::system_error(
-                    std::make_error_code(std::errc::operation_not_permitted),
-                    "the GPU driver refused to register the experts' " +
-                        std::to_string((hi - lo) >> 20) +
-                        " MiB of the mapped file for reading in place (no pinned-copy fallback "
-                        "yet); a budget that holds every expert, or --cpu, avoids it");
-            placement_.experts_in_place = true;
-            for (const ExpertTable& tb : tables_)
-                for (const uint8_t* b : tb.blobs)
-                    addresses.push_back(int64_t(expert_registration_->device_address(b)));
-            stamp("experts registered in place");
+            place_experts_in_host_memory(
+                addresses,
+                [&](uint64_t n) {
+                    done += n;
+                    if (progress) progress(done, all);
+                },
+                stamp);
+            stamp(placement_.experts_pinned ? "experts' copy registered"
+                                            : "experts registered in the mapping");
         } else {
             uint64_t slot = 0;
             for (const ExpertTable& tb : tables_) {

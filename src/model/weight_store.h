@@ -9,6 +9,10 @@
 // weights (rows of several checkpoint tensors stacked, for one matmul instead of several) exist
 // only in copied stores.
 //
+// With experts_resident = false (an expert cache) the routed experts stay in host memory: by
+// default a copy of their span in anonymous memory, registered with the backend; else the file
+// mapping itself, registered (place_experts_in_host_memory says why the copy is the default).
+//
 // Each MoE layer gets an expert table, an i64 tensor [n_experts] holding the address of each
 // expert's blob in the backend's memory: that is what moe_experts reads.
 #pragma once
@@ -18,12 +22,28 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mds/reader.h"
 #include "mgl.h"
 
 namespace minids {
+
+// Private anonymous memory (mmap), unmapped on destruction; data() is null when the system
+// refused.
+class AnonymousMemory {
+public:
+    explicit AnonymousMemory(size_t bytes);
+    ~AnonymousMemory();
+    AnonymousMemory(const AnonymousMemory&) = delete;
+    AnonymousMemory& operator=(const AnonymousMemory&) = delete;
+    uint8_t* data() const { return p_; }
+
+private:
+    uint8_t* p_ = nullptr;
+    size_t n_ = 0;
+};
 
 struct WeightOptions {
     // Stack the rows of the first query projection and kv_a_proj_with_mqa into one weight when
@@ -41,7 +61,8 @@ struct WeightPlacement {
     bool copied = false;            // weights copied into backend memory
     bool registered = false;        // the mapping was registered for the copy
     bool staged = false;            // copied through pinned staging buffers (StagedCopier)
-    bool experts_in_place = false;  // experts read from the registered mapping (not copied)
+    bool experts_in_place = false;  // experts stay in host memory (not copied to the device)
+    bool experts_pinned = false;    // ... as a registered copy, not the registered mapping
     uint64_t dense_bytes = 0;       // dense weights (incl. merged copies)
     uint64_t expert_bytes = 0;      // routed expert blobs
     uint64_t table_bytes = 0;       // expert tables
@@ -76,8 +97,9 @@ public:
     const WeightPlacement& placement() const { return placement_; }
 
     // One MoE layer's expert table after place(): the tensor the kernels read, each expert's
-    // bytes in the mapping, and the address place() wrote for it (its copy in backend memory,
-    // or the mapping as the backend addresses it).
+    // bytes in host memory (the mapping, or its pinned copy when the experts stay in host
+    // memory), and the address place() wrote for it (its copy in backend memory, or the host
+    // copy as the backend addresses it).
     struct ExpertTable {
         mgl::tensor* t = nullptr;
         std::vector<const uint8_t*> blobs;
@@ -87,6 +109,14 @@ public:
     const std::vector<ExpertTable>& expert_tables() const { return tables_; }
 
 private:
+    // [first byte, size) of the bytes that hold every expert blob in the mapping.
+    std::pair<const uint8_t*, uint64_t> expert_span() const;
+    // experts_resident == false: the experts' host store (a pinned copy, else the registered
+    // mapping); appends each blob's address for the kernels, reports bytes as it copies.
+    void place_experts_in_host_memory(std::vector<int64_t>& addresses,
+                                      const std::function<void(uint64_t)>& copied,
+                                      const std::function<void(const char*)>& stamp);
+
     struct Item {
         mgl::tensor* t = nullptr;
         std::vector<std::span<const uint8_t>> parts;
@@ -99,7 +129,10 @@ private:
     std::vector<Item> items_;
     std::vector<std::vector<uint8_t>> owned_;
     std::vector<ExpertTable> tables_;
-    std::unique_ptr<mgl::host_registration> expert_registration_;  // experts_in_place
+    // The experts' host store when they stay in host memory: their copy (declared first, so
+    // it is unregistered before it is unmapped), else the mapping, registered.
+    std::unique_ptr<AnonymousMemory> expert_copy_;
+    std::unique_ptr<mgl::host_registration> expert_registration_;
     mgl::buffer_ptr dense_, experts_, tables_buf_;
     WeightPlacement placement_;
 };

@@ -2,13 +2,14 @@
 // memory and the policy (routing/expert_cache.h) that decides which experts occupy them.
 //
 // Every entry of a MoE layer's expert table always holds a valid address: the expert's slot
-// when it is resident, else its home (where place() left it: the registered mapping for a model
-// loaded with WeightOptions::experts_resident = false). The forward reads whatever the table
-// says, so a step never waits for the cache. After each step, after_step() replays the step's
-// routing through the policy in the simulator's order (token by token, layer by layer, a
-// token's k experts of a layer pinned together), so its hit counts are the simulator's on the
-// same trace; then the slots whose occupant changed are filled from the mapping and the changed
-// table entries uploaded, both queued on the backend's stream before the next step.
+// when it is resident, else its home (where place() left it for a model loaded with
+// WeightOptions::experts_resident = false: the registered host copy, or the registered
+// mapping). The forward reads whatever the table says, so a step never waits for the cache.
+// After each step, after_step() replays the step's routing through the policy in the
+// simulator's order (token by token, layer by layer, a token's k experts of a layer pinned
+// together), so its hit counts are the simulator's on the same trace; then the slots whose
+// occupant changed are filled from host memory and the changed table entries uploaded, both
+// queued on the backend's stream before the next step.
 //
 // Invariant (checked by the tests): an entry points at a slot only when that slot holds that
 // expert's bytes. A slot is refilled only after the step that read it has finished (after_step
