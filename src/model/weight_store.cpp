@@ -81,6 +81,10 @@ void WeightStore::add_owned(mgl::tensor* t, std::vector<uint8_t> bytes) {
     items_.push_back({t, {{owned_.back().data(), owned_.back().size()}}, 0});
 }
 
+void WeightStore::forget(const mgl::tensor* t) {
+    std::erase_if(items_, [t](const Item& it) { return it.t == t; });
+}
+
 mgl::tensor* WeightStore::add_expert_table(mgl::context& ctx, int64_t layer,
                                            std::vector<const uint8_t*> blobs, uint64_t blob_bytes) {
     mgl::tensor* t = ctx.new_tensor(mgl::dtype::i64, {int64_t(blobs.size())},

@@ -92,6 +92,10 @@ public:
     mgl::tensor* add_expert_table(mgl::context& ctx, int64_t layer,
                                   std::vector<const uint8_t*> blobs, uint64_t blob_bytes);
 
+    // Drops a leaf added before whose bytes another leaf now holds (the parts of a merged
+    // weight): it is not copied, and its data stays the mapping, which a device backend refuses
+    // to read, so a forgotten use fails loudly.
+    void forget(const mgl::tensor* t);
     // Allocates, copies and binds everything added. Call once, after the last add.
     void place(const std::function<void(uint64_t, uint64_t)>& progress = {});
     const WeightPlacement& placement() const { return placement_; }
