@@ -48,8 +48,13 @@ timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' -tce='cuda expert offload*
 say "tests (cuda*): $(grep -E '^\[doctest\] test cases' "$OUT/tests_cuda.log" | tail -1) [$(elapsed)]"
 # The expert cache's GPU test in a process of its own (new code: a device fault there must not
 # take the other GPU tests' context with it).
-timeout 300 "$BIN/minids_tests" -tc='cuda expert offload*' > "$OUT/tests_offload.log" 2>&1
-say "tests (cuda expert offload): $(grep -E '^\[doctest\] test cases' "$OUT/tests_offload.log" | tail -1) $(grep -m2 'CUDA expert offload' "$OUT/tests_offload.log" | cut -c1-160 | tr '\n' ' ')"
+# Twice: with the experts' host store as a registered copy (the default) and as the registered
+# file mapping (MINIDS_EXPERT_STORE=mapped, the fallback).
+for store in copy mapped; do
+    MINIDS_EXPERT_STORE=$store timeout 300 "$BIN/minids_tests" -tc='cuda expert offload*' > "$OUT/tests_offload_$store.log" 2>&1
+    say "tests (cuda expert offload, host store $store): $(grep -E '^\[doctest\] test cases' "$OUT/tests_offload_$store.log" | tail -1)"
+    grep 'MESSAGE: CUDA expert offload' "$OUT/tests_offload_$store.log" | sed 's/.*MESSAGE: //' | cut -c1-170 | while read -r l; do say "  $l"; done
+done
 if [[ $ALL_TESTS == 1 ]]; then
     timeout 900 "$BIN/minids_tests" > "$OUT/tests_all.log" 2>&1
     say "tests (all):   $(grep -E '^\[doctest\] test cases' "$OUT/tests_all.log" | tail -1) [$(elapsed)]"
@@ -86,18 +91,20 @@ bench_model() {  # $1 = expert dtype
         nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits -lms 200 \
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
-        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
+        MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
             > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
         local rc=$?
         kill $smi 2>/dev/null
-        say "offload 12GiB: rc=$rc, peak GPU memory of the process $(sort -n "$OUT/offload_12g_mem.txt" | tail -1) MiB (nvidia-smi; budget 12288 MiB) $(grep -m1 'expert cache:' "$OUT/bench_offload_12g.log" | cut -c1-100)"
-        timeout 300 "$BIN/minids" bench -m "$f" -p 0 -n 64 -r 2 -o md --vram-budget 12GiB \
+        say "offload 12GiB: rc=$rc, peak GPU memory of the process $(sort -n "$OUT/offload_12g_mem.txt" | tail -1) MiB (nvidia-smi; budget 12288 MiB); load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
+        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --expert-cache-slots 208 > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
-        grep -h 'hit rate' "$OUT"/bench_offload_*.log 2>/dev/null | tail -2 | while read -r l; do say "  $l"; done
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
+            grep -E '^\| (cold|warm)' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
+        done
     fi
     if [[ $PROFILE == 1 && $1 == f8_e4m3 ]]; then
         MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
