@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -80,4 +81,37 @@ TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases")
                                       "-p", "1", "-n", "4", "-r", "1", "-o", "json"});
     INFO("stderr: " << one.err);
     CHECK(one.status == 0);
+}
+
+TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
+    const CliResult r =
+        run_minids({"bench", "-m", demo(), "--cpu", "--sweep-slots", "24,60", "--sweep-policies",
+                    "lru,decay", "-p", "16", "-n", "4", "-r", "1", "-o", "json"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.status == 0);
+    // Four phases for each of the four settings, in slot-major order, each with its counters.
+    std::vector<std::pair<int64_t, std::string>> settings;
+    for (const auto& row : nlohmann::json::parse(r.out)) {
+        if (row.at("test").get<std::string>().rfind("expert cache: ", 0) != 0) continue;
+        settings.push_back({row.at("slots").get<int64_t>(), row.at("policy").get<std::string>()});
+        const double filled = row.at("tg_mib_filled_per_token").get<double>();
+        const double link = row.at("tg_mib_over_link_per_token").get<double>();
+        CHECK(filled >= 0.0);
+        CHECK(link >= filled);  // the link carries the fills and the reads in place
+    }
+    std::vector<std::pair<int64_t, std::string>> expected;
+    for (int64_t slots : {24, 60})
+        for (const char* policy : {"lru", "decay"})
+            for (int i = 0; i < 4; ++i) expected.push_back({slots, policy});
+    CHECK(settings == expected);
+
+    auto refused = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = {"bench", "-m", demo(), "--cpu", "-p", "8", "-n", "2"};
+        a.insert(a.end(), extra.begin(), extra.end());
+        return run_minids(a);
+    };
+    check_refused(refused({"--sweep-slots", "24", "--expert-cache-slots", "30"}), "give one of them");
+    check_refused(refused({"--sweep-policies", "lru"}), "needs the expert cache");
+    check_refused(refused({"--sweep-slots", "2,24"}), "--sweep-slots");
+    check_refused(refused({"--sweep-policies", "belady", "--sweep-slots", "24"}), "belady");
 }

@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <set>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,8 +66,21 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
         s.set_routing_observer([&](const RoutingRecord& r) {
             trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
         });
+        // Reads in place, counted here from the tables as the step saw them: the distinct
+        // experts of each layer whose entry pointed home.
+        int64_t expected_reads = 0;
+        bool reads_match = true;
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
+            std::set<std::pair<int32_t, int32_t>> home_reads;
+            const int64_t per_layer = r.n_tokens * r.k;
+            for (size_t i = 0; i < r.ids.size(); ++i) {
+                const auto l = int32_t(int64_t(i) / per_layer);
+                if (offload.table_entry(l, r.ids[i]) == offload.home(l, r.ids[i]))
+                    home_reads.insert({l, r.ids[i]});
+            }
+            expected_reads += int64_t(home_reads.size());
             offload.after_step(r);
+            reads_match = reads_match && offload.stats().reads_in_place == expected_reads;
             check_tables(offload, *cached.model);
         });
 
@@ -81,6 +96,13 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
         CHECK(st.steps == 1 + n_decode);
         CHECK(st.fills > c.slots);  // experts were evicted and slots refilled
         CHECK(st.hits > 0);
+        CHECK(reads_match);
+        CHECK(st.reads_in_place > 0);
+        // A decode step reads in place at most its misses (a miss whose slot the replay
+        // evicted earlier in the same step was still read from the slot).
+        CHECK(st.reads_in_place <= st.accesses - st.hits);
+        CHECK(st.bytes_read_in_place ==
+              uint64_t(st.reads_in_place) * cached.model->weights().expert_tables()[0].blob_bytes);
         const routing::SimResult sim = routing::simulate(trace, cfg);
         CHECK(st.accesses == sim.accesses);
         CHECK(st.hits == sim.hits);

@@ -33,6 +33,9 @@ struct BenchOptions {
     int reps = 5;
     std::string output = "md";
     RoutingFlags routing;
+    // The expert cache's sweep: the four phases once per slot count x policy.
+    std::vector<int64_t> sweep_slots;
+    std::vector<std::string> sweep_policies;
 };
 
 struct BenchRow {
@@ -46,9 +49,13 @@ struct BenchRow {
 // One phase of the expert cache's benchmark.
 struct PhaseRow {
     std::string phase;
+    int64_t slots = 0;
+    std::string policy;
     int64_t n_prompt = 0, n_gen = 0;
     double ttft_s = 0.0, tg_tok_s = 0.0;
-    double prompt_hit_rate = 0.0, tg_hit_rate = 0.0, mib_per_token = 0.0;
+    double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
+    double mib_filled_per_token = 0.0;  // decode: copies into slots
+    double mib_link_per_token = 0.0;    // decode: copies + reads in place over the host link
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -98,6 +105,59 @@ std::string fmt(const char* f, double v) {
     return buf;
 }
 
+// The expert cache's four phases with the cache attached to `session` now.
+void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
+                const InterruptHandler& interrupt, std::vector<PhaseRow>& phases) {
+    const ModelConfig& c = m.model->config();
+    const int64_t np = std::max<int64_t>(o.n_prompt.front(), 1), ng = o.n_gen.front();
+    ExpertOffload& cache = *m.expert_cache;
+    const auto& cc = cache.config();
+    const size_t first = phases.size();
+    for (const auto& [name, cold, reuse] : {std::tuple{"cold, new prompt", true, false},
+                                            {"warm, new prompt", false, false},
+                                            {"warm, reused prefix", false, true},
+                                            {"cold, reused prefix", true, true}}) {
+        if (interrupt.requested()) throw UserError("interrupted");
+        PhaseRow ph;
+        ph.phase = name;
+        ph.slots = cc.n_slots;
+        ph.policy = routing::policy_name(cc.policy);
+        const auto prompt =
+            random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
+        session.truncate(0);
+        // A reused prefix is in the KV cache already: only the prompt's last token is timed.
+        if (reuse && np > 1) session.eval(std::span(prompt).first(size_t(np - 1)));
+        if (cold) cache.reset();
+        const OffloadStats before = cache.stats();
+        auto t0 = std::chrono::steady_clock::now();
+        session.eval(reuse ? std::span(prompt).last(1) : std::span(prompt));
+        ph.ttft_s = seconds_since(t0);
+        const OffloadStats mid = cache.stats();
+        const auto gen = random_tokens(ng, c.vocab_size, 37);
+        t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
+        const double s = seconds_since(t0);
+        const OffloadStats after = cache.stats();
+        ph.n_prompt = reuse ? 1 : np;
+        ph.n_gen = ng;
+        ph.tg_tok_s = ng > 0 ? double(ng) / s : 0.0;
+        const OffloadStats decode = after.since(mid);
+        ph.prompt_hit_rate = mid.since(before).hit_rate();
+        ph.tg_hit_rate = decode.hit_rate();
+        const double per_token = ng > 0 ? 1.0 / double(ng) / 1048576.0 : 0.0;
+        ph.mib_filled_per_token = double(decode.bytes_filled) * per_token;
+        ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
+        std::fprintf(stderr,
+                     "minids bench: expert cache %lld slots %s, %-20s first token %.3f s, tg %.2f "
+                     "tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and %.1f MiB "
+                     "over the link per token\n",
+                     (long long)ph.slots, ph.policy.c_str(), name, ph.ttft_s, ph.tg_tok_s,
+                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
+                     ph.mib_link_per_token);
+        phases.push_back(ph);
+    }
+}
+
 int bench(BenchOptions o) {
     const auto interrupt = std::make_unique<InterruptHandler>();
     // The context each test needs, unless -c asks for more.
@@ -107,7 +167,19 @@ int bench(BenchOptions o) {
     for (int64_t d : o.depth)
         for (int64_t n : o.n_gen) need = std::max(need, d + n);
     o.model.n_ctx = std::max(o.model.n_ctx, need);
+    if (!o.sweep_slots.empty()) {
+        if (o.model.expert_cache_slots >= 0)
+            throw UserError("--sweep-slots and --expert-cache-slots both set the slot count; "
+                            "give one of them");
+        // The plan must hold the largest pool of the sweep.
+        o.model.expert_cache_slots = *std::max_element(o.sweep_slots.begin(), o.sweep_slots.end());
+    }
+    if (!o.sweep_policies.empty() && !o.model.expert_cache_requested())
+        throw UserError("--sweep-policies needs the expert cache: add --vram-budget, "
+                        "--expert-cache-slots or --sweep-slots");
     LoadedModel m = load_model(o.model, "bench");
+    if (!m.expert_cache && !o.sweep_policies.empty())
+        std::fprintf(stderr, "minids bench: every expert fits the budget: no cache to sweep\n");
     const ModelConfig& c = m.model->config();
     const bool gpu = std::string(m.backend->name()) != "cpu";
     const double bandwidth = gpu ? mgl::cuda_copy_bandwidth_gbs() : 0.0;
@@ -162,46 +234,37 @@ int bench(BenchOptions o) {
     }
     // With the expert cache: the four phases of issue 10 (cold or warm slots x a new prompt or a
     // reused prefix), each a prompt (or its last token, the prefix being cached) then n decoded
-    // tokens.
+    // tokens; once for the cache as loaded, or once per slot count x policy of the sweep.
     std::vector<PhaseRow> phases;
     if (m.expert_cache && !o.n_prompt.empty() && !o.n_gen.empty()) {
-        const int64_t np = std::max<int64_t>(o.n_prompt.front(), 1), ng = o.n_gen.front();
-        ExpertOffload& cache = *m.expert_cache;
-        for (const auto& [name, cold, reuse] : {std::tuple{"cold, new prompt", true, false},
-                                                {"warm, new prompt", false, false},
-                                                {"warm, reused prefix", false, true},
-                                                {"cold, reused prefix", true, true}}) {
-            if (interrupt->requested()) throw UserError("interrupted");
-            PhaseRow ph;
-            ph.phase = name;
-            const auto prompt = random_tokens(np, c.vocab_size, reuse ? 31 : 29 + phases.size());
-            session.truncate(0);
-            // A reused prefix is in the KV cache already: only the prompt's last token is timed.
-            if (reuse && np > 1) session.eval(std::span(prompt).first(size_t(np - 1)));
-            if (cold) cache.reset();
-            const OffloadStats before = cache.stats();
-            auto t0 = std::chrono::steady_clock::now();
-            session.eval(reuse ? std::span(prompt).last(1) : std::span(prompt));
-            ph.ttft_s = seconds_since(t0);
-            const OffloadStats mid = cache.stats();
-            const auto gen = random_tokens(ng, c.vocab_size, 37);
-            t0 = std::chrono::steady_clock::now();
-            for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
-            const double s = seconds_since(t0);
-            const OffloadStats after = cache.stats();
-            ph.n_prompt = reuse ? 1 : np;
-            ph.n_gen = ng;
-            ph.tg_tok_s = ng > 0 ? double(ng) / s : 0.0;
-            const OffloadStats decode = after.since(mid);
-            ph.prompt_hit_rate = mid.since(before).hit_rate();
-            ph.tg_hit_rate = decode.hit_rate();
-            ph.mib_per_token = ng > 0 ? double(decode.bytes_filled) / double(ng) / 1048576.0 : 0.0;
-            std::fprintf(stderr,
-                         "minids bench: expert cache, %-20s first token %.3f s, tg %.2f tok/s, "
-                         "hit rate prompt %.3f / decode %.3f, %.1f MiB filled per token\n",
-                         name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
-                         ph.mib_per_token);
-            phases.push_back(ph);
+        routing::CacheConfig base = m.expert_cache->config();
+        std::vector<routing::CacheConfig> configs;
+        const std::vector<int64_t> slot_list =
+            o.sweep_slots.empty() ? std::vector<int64_t>{base.n_slots} : o.sweep_slots;
+        const std::vector<std::string> policy_list =
+            o.sweep_policies.empty()
+                ? std::vector<std::string>{routing::policy_name(base.policy)}
+                : o.sweep_policies;
+        for (int64_t n : slot_list) {
+            for (const std::string& p : policy_list) {
+                routing::CacheConfig cc = base;
+                cc.n_slots = int32_t(std::min<int64_t>(n, int64_t(base.n_layers) * base.n_experts));
+                cc.policy = routing::parse_policy(p);
+                configs.push_back(cc);
+            }
+        }
+        for (const routing::CacheConfig& cc : configs) {
+            if (o.sweep_slots.size() + o.sweep_policies.size() > 0) {
+                // A fresh cache per setting: the old one's slots are freed first.
+                m.expert_cache.reset();
+                try {
+                    m.expert_cache = std::make_unique<ExpertOffload>(*m.model, *m.backend, cc);
+                } catch (const std::invalid_argument& e) {
+                    throw UserError(std::string("--sweep-slots: ") + e.what());
+                }
+                attach_expert_cache(m, session);
+            }
+            run_phases(m, session, o, *interrupt, phases);
         }
     }
     routing.write();
@@ -247,13 +310,14 @@ int bench(BenchOptions o) {
                            {"test", "expert cache: " + ph.phase},
                            {"n_prompt", ph.n_prompt},
                            {"n_gen", ph.n_gen},
-                           {"slots", m.expert_cache->config().n_slots},
-                           {"policy", routing::policy_name(m.expert_cache->config().policy)},
+                           {"slots", ph.slots},
+                           {"policy", ph.policy},
                            {"ttft_s", ph.ttft_s},
                            {"tg_ts", ph.tg_tok_s},
                            {"prompt_hit_rate", ph.prompt_hit_rate},
                            {"tg_hit_rate", ph.tg_hit_rate},
-                           {"tg_mib_filled_per_token", ph.mib_per_token}});
+                           {"tg_mib_filled_per_token", ph.mib_filled_per_token},
+                           {"tg_mib_over_link_per_token", ph.mib_link_per_token}});
         }
         std::printf("%s\n", out.dump(2).c_str());
     } else if (o.output == "csv") {
@@ -282,18 +346,20 @@ int bench(BenchOptions o) {
         }
         if (!phases.empty()) {
             const auto& cc = m.expert_cache->config();
-            std::printf("\nexpert cache: %lld slots, %s, %s pool%s\n\n", (long long)cc.n_slots,
-                        routing::policy_name(cc.policy), cc.per_layer ? "per-layer" : "global",
+            std::printf("\nexpert cache: %s pool%s\n\n", cc.per_layer ? "per-layer" : "global",
                         cc.per_layer ? "s" : "");
             std::printf(
-                "| phase | prompt | first token s | tg | tg t/s | hit rate prompt | hit rate tg | "
-                "MiB filled / token |\n");
-            std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| slots | policy | phase | prompt | first token s | tg | tg t/s | hit rate prompt "
+                "| hit rate tg | MiB filled / token | MiB over link / token |\n");
+            std::printf(
+                "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
             for (const PhaseRow& ph : phases)
-                std::printf("| %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f |\n",
-                            ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s,
-                            (long long)ph.n_gen, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
-                            ph.mib_per_token);
+                std::printf(
+                    "| %lld | %s | %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f | %.1f |\n",
+                    (long long)ph.slots, ph.policy.c_str(), ph.phase.c_str(),
+                    (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen, ph.tg_tok_s,
+                    ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
+                    ph.mib_link_per_token);
         }
     }
     return exit_ok;
@@ -330,6 +396,16 @@ void add_bench_command(CLI::App& app, int& exit_code) {
     cmd->add_option("-o,--output", opts->output, "output format: md, json or csv")
         ->capture_default_str()
         ->check(CLI::IsMember({"md", "json", "csv"}));
+    cmd->add_option("--sweep-slots", opts->sweep_slots,
+                    "expert cache: run the four offload phases once per slot count, comma-"
+                    "separated (the memory plan is made for the largest; turns the cache on)")
+        ->delimiter(',')
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+    cmd->add_option("--sweep-policies", opts->sweep_policies,
+                    "expert cache: run the four offload phases once per policy, comma-separated "
+                    "(lru, lfu, decay)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"lru", "lfu", "decay"}));
     add_routing_flags(*cmd, opts->routing);
     cmd->callback(
         [opts, &exit_code] { exit_code = run_guarded("bench", [&] { return bench(*opts); }); });

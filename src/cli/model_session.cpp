@@ -202,9 +202,10 @@ std::string expert_cache_summary(const LoadedModel& m) {
     char s[256];
     std::snprintf(s, sizeof s,
                   "expert cache: %lld slots, hit rate %.3f (%lld of %lld), %lld fills, %.1f MiB "
-                  "copied in",
+                  "copied in, %.1f MiB read in place",
                   (long long)m.expert_cache->config().n_slots, st.hit_rate(), (long long)st.hits,
-                  (long long)st.accesses, (long long)st.fills, mib(st.bytes_filled));
+                  (long long)st.accesses, (long long)st.fills, mib(st.bytes_filled),
+                  mib(st.bytes_read_in_place));
     return s;
 }
 

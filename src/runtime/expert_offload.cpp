@@ -86,6 +86,22 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
                                     std::to_string(r.ids.size()) + " ids for " + std::to_string(L) +
                                     " layers x " + std::to_string(T) + " tokens x " +
                                     std::to_string(k));
+    // What the kernels read in place: the experts used whose entry pointed home as the step
+    // began (the shadow still holds the tables as the step saw them).
+    std::vector<char> used(size_t(L) * size_t(E), 0);
+    for (int32_t l = 0; l < L; ++l) {
+        for (int64_t i = 0; i < T * k; ++i) {
+            const int32_t e = r.ids[size_t(int64_t(l) * T * k + i)];
+            if (e < 0 || e >= E) continue;  // the policy's access() below refuses it
+            char& u = used[size_t(l) * size_t(E) + size_t(e)];
+            if (u) continue;
+            u = 1;
+            if (shadow_[size_t(l)][size_t(e)] == home(l, e)) {
+                ++stats_.reads_in_place;
+                stats_.bytes_read_in_place += blob_bytes_;
+            }
+        }
+    }
     std::vector<int32_t> changed;  // slots whose occupant changed in this step
     routing::AccessHint hint;
     for (int64_t t = 0; t < T; ++t) {

@@ -32,13 +32,25 @@ struct OffloadStats {
     int64_t steps = 0;
     int64_t accesses = 0;  // expert uses replayed through the policy
     int64_t hits = 0;      // uses that found the expert in a slot
-    int64_t fills = 0;     // slots filled from the mapping
+    int64_t fills = 0;     // slots filled from host memory
     uint64_t bytes_filled = 0;
+    // Experts a step's kernels read in place from host memory (their table entry pointed home
+    // when the step began), counted once per step and expert: exact for decode, a lower bound
+    // for a prompt chunk, whose grouped kernels may read an expert once per tile of tokens.
+    int64_t reads_in_place = 0;
+    uint64_t bytes_read_in_place = 0;
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+    // Bytes over the host link: fills and reads in place.
+    uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place; }
     // What happened between `earlier` and these counters.
     OffloadStats since(const OffloadStats& earlier) const {
-        return {steps - earlier.steps, accesses - earlier.accesses, hits - earlier.hits,
-                fills - earlier.fills, bytes_filled - earlier.bytes_filled};
+        return {steps - earlier.steps,
+                accesses - earlier.accesses,
+                hits - earlier.hits,
+                fills - earlier.fills,
+                bytes_filled - earlier.bytes_filled,
+                reads_in_place - earlier.reads_in_place,
+                bytes_read_in_place - earlier.bytes_read_in_place};
     }
 };
 
