@@ -56,9 +56,9 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "less 1 GiB); turns on the memory plan: dense weights, KV cache and work memory "
                    "first, then as many expert slots as fit (new, see docs/expert-cache.md)");
     cmd.add_option("--expert-cache-slots", f.expert_cache_slots,
-                   "routed experts kept in memory by the expert cache (the rest are read from "
-                   "the mapped file as needed); turns the cache on. On the CPU it only exercises "
-                   "the cache's bookkeeping")
+                   "routed experts kept in GPU memory by the expert cache (the rest are read "
+                   "over PCIe from a registered copy in host memory as needed); turns the cache "
+                   "on. On the CPU it only exercises the cache's bookkeeping")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     cmd.add_option(
            "--expert-cache-policy", f.expert_cache_policy,
