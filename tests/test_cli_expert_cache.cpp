@@ -110,7 +110,8 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
         a.insert(a.end(), extra.begin(), extra.end());
         return run_minids(a);
     };
-    check_refused(refused({"--sweep-slots", "24", "--expert-cache-slots", "30"}), "give one of them");
+    check_refused(refused({"--sweep-slots", "24", "--expert-cache-slots", "30"}),
+                  "give one of them");
     check_refused(refused({"--sweep-policies", "lru"}), "needs the expert cache");
     check_refused(refused({"--sweep-slots", "2,24"}), "--sweep-slots");
     check_refused(refused({"--sweep-policies", "belady", "--sweep-slots", "24"}), "belady");

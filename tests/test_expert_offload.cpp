@@ -9,10 +9,10 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <set>
-#include <utility>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expert_offload_test_util.h"

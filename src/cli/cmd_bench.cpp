@@ -169,14 +169,16 @@ int bench(BenchOptions o) {
     o.model.n_ctx = std::max(o.model.n_ctx, need);
     if (!o.sweep_slots.empty()) {
         if (o.model.expert_cache_slots >= 0)
-            throw UserError("--sweep-slots and --expert-cache-slots both set the slot count; "
-                            "give one of them");
+            throw UserError(
+                "--sweep-slots and --expert-cache-slots both set the slot count; "
+                "give one of them");
         // The plan must hold the largest pool of the sweep.
         o.model.expert_cache_slots = *std::max_element(o.sweep_slots.begin(), o.sweep_slots.end());
     }
     if (!o.sweep_policies.empty() && !o.model.expert_cache_requested())
-        throw UserError("--sweep-policies needs the expert cache: add --vram-budget, "
-                        "--expert-cache-slots or --sweep-slots");
+        throw UserError(
+            "--sweep-policies needs the expert cache: add --vram-budget, "
+            "--expert-cache-slots or --sweep-slots");
     LoadedModel m = load_model(o.model, "bench");
     if (!m.expert_cache && !o.sweep_policies.empty())
         std::fprintf(stderr, "minids bench: every expert fits the budget: no cache to sweep\n");
@@ -242,9 +244,8 @@ int bench(BenchOptions o) {
         const std::vector<int64_t> slot_list =
             o.sweep_slots.empty() ? std::vector<int64_t>{base.n_slots} : o.sweep_slots;
         const std::vector<std::string> policy_list =
-            o.sweep_policies.empty()
-                ? std::vector<std::string>{routing::policy_name(base.policy)}
-                : o.sweep_policies;
+            o.sweep_policies.empty() ? std::vector<std::string>{routing::policy_name(base.policy)}
+                                     : o.sweep_policies;
         for (int64_t n : slot_list) {
             for (const std::string& p : policy_list) {
                 routing::CacheConfig cc = base;

@@ -399,20 +399,19 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
                  (long long)c.n_shared_experts.value_or(0));
     const WeightPlacement& wp = m.model->weights().placement();
     if (wp.copied) {
-        std::fprintf(
-            stderr,
-            "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB%s, expert "
-            "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
-            "for %lld tokens (%s)\n",
-            command, mib(wp.dense_bytes), mib(wp.expert_bytes),
-            !wp.experts_in_place ? ""
-            : wp.experts_pinned  ? " (in slots; all of them in a registered host copy)"
-                                 : " (in slots; all of them in the registered file)",
-            mib(wp.table_bytes), wp.seconds,
-            wp.registered ? "from the page-locked mapping"
-            : wp.staged   ? "through pinned staging buffers"
-                          : "from the pageable mapping",
-            mib(kv_bytes), (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
+        std::fprintf(stderr,
+                     "minids %s: on the GPU: dense weights %.1f MiB, experts %.1f MiB%s, expert "
+                     "tables %.3f MiB (copied in %.2f s %s), KV cache %.1f MiB "
+                     "for %lld tokens (%s)\n",
+                     command, mib(wp.dense_bytes), mib(wp.expert_bytes),
+                     !wp.experts_in_place ? ""
+                     : wp.experts_pinned  ? " (in slots; all of them in a registered host copy)"
+                                          : " (in slots; all of them in the registered file)",
+                     mib(wp.table_bytes), wp.seconds,
+                     wp.registered ? "from the page-locked mapping"
+                     : wp.staged   ? "through pinned staging buffers"
+                                   : "from the pageable mapping",
+                     mib(kv_bytes), (long long)flags.n_ctx, mgl::dtype_name(sp.kv_type));
     } else {
         std::fprintf(stderr,
                      "minids %s: weights %.1f MiB read from the mapped file, KV cache %.1f MiB "
