@@ -41,6 +41,26 @@ TEST_CASE("routing policy lfu: counts survive eviction, ties broken by recency")
     CHECK(pool.policy().count(2) == 2);
 }
 
+TEST_CASE("routing policy lfu with frequency admission: a miss must outrank the victim") {
+    SlotPool<LfuPolicy> pool(2, 10, LfuPolicy(), /*admission=*/true);
+    // 1 1 2 2 fill (counts 2, 2). 3 (count 1) does not outrank the victim (2): bypass, twice
+    // (count 2: a tie keeps the victim); the third 3 (count 3) takes 1's slot (1 is older).
+    std::vector<AccessResult::Outcome> outcomes;
+    for (int32_t k : {1, 1, 2, 2, 3, 3, 3}) outcomes.push_back(pool.access(k, {}, false).outcome);
+    using O = AccessResult;
+    CHECK(outcomes == std::vector<AccessResult::Outcome>{O::miss, O::hit, O::miss, O::hit,
+                                                         O::bypass, O::bypass, O::miss_evicted});
+    CHECK(pool.slot_of(3) >= 0);
+    CHECK(pool.slot_of(1) < 0);
+    CHECK(pool.policy().count(3) == 3);
+    // A bypass leaves no pin behind and no slot.
+    const AccessResult r = pool.access(7, {}, true);
+    CHECK(r.outcome == AccessResult::bypass);
+    CHECK(r.slot == -1);
+    CHECK_FALSE(pool.pinned(0));
+    CHECK_FALSE(pool.pinned(1));
+}
+
 TEST_CASE("routing policy decay: a short half-life acts on recency, a long one on frequency") {
     // 1 1 1 2 3 then 4 with 3 slots. Half-life 1 access: 1's decayed count (2^-5 + 2^-4 +
     // 2^-3 = 0.22) is below 2's (0.25), so 1 goes. Half-life 1000: counts 3, 1, 1 -> 2 goes.
@@ -173,4 +193,11 @@ TEST_CASE("routing expert cache: configurations that cannot work are refused") {
     CHECK_NOTHROW(check_config(c, 6));
     CHECK(parse_policy("decay") == Policy::decay);
     CHECK_THROWS_AS(parse_policy("fifo"), std::invalid_argument);
+    c.admit = Admission::frequency;  // lru has no ranking of absent experts
+    c.policy = Policy::lru;
+    CHECK_THROWS_AS(check_config(c, 6), std::invalid_argument);
+    c.policy = Policy::decay;
+    CHECK_NOTHROW(check_config(c, 6));
+    CHECK(parse_admission("frequency") == Admission::frequency);
+    CHECK_THROWS_AS(parse_admission("some"), std::invalid_argument);
 }

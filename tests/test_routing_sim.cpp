@@ -95,6 +95,18 @@ int64_t naive_hits(const RoutingTrace& tr, const CacheConfig& c) {
                                 best = int(q);
                         }
                         REQUIRE(best >= 0);
+                        if (c.admit == Admission::frequency) {
+                            // The missed key, this use included, against the victim.
+                            const NaiveEntry candidate{key, now};
+                            uses[key].push_back(now);
+                            next_of[key] = next[size_t(i)];
+                            const bool admit = prio(candidate) > prio(pool[size_t(best)]);
+                            uses[key].pop_back();
+                            if (!admit) {
+                                uses[key].push_back(now);  // used in place, not cached
+                                continue;
+                            }
+                        }
                         pool.erase(pool.begin() + best);
                     }
                     pool.push_back({key, now});
@@ -111,7 +123,9 @@ int64_t naive_hits(const RoutingTrace& tr, const CacheConfig& c) {
 // The fewest misses any eviction choice achieves (depth-first over every choice), with the
 // simulator's rules: demand loading, a token-layer's k experts pinned together.
 // `bound`: only schedules with fewer misses are searched (returns bound when there is none).
-int64_t brute_force_min_misses(const RoutingTrace& tr, int64_t slots, int64_t bound) {
+// `bypass`: a miss may also leave the pool as it is (the expert used once, not cached).
+int64_t brute_force_min_misses(const RoutingTrace& tr, int64_t slots, int64_t bound,
+                               bool bypass = false) {
     const int32_t L = tr.shape.n_moe_layers(), k = tr.shape.top_k, E = tr.shape.n_experts;
     const int64_t n = tr.n_tokens * L * k;
     int64_t best = bound;
@@ -130,6 +144,7 @@ int64_t brute_force_min_misses(const RoutingTrace& tr, int64_t slots, int64_t bo
             resident.pop_back();
             return;
         }
+        if (bypass) go(i + 1, misses + 1);
         const int64_t group = i - i % k;  // this token-layer's accesses so far are pinned
         for (size_t v = 0; v < resident.size(); ++v) {
             bool pinned = false;
@@ -154,21 +169,28 @@ TEST_CASE("routing sim: every policy matches the naive reference simulator") {
         for (bool per_layer : {false, true}) {
             for (int64_t slots : {9, 15, 24}) {
                 for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady}) {
-                    CacheConfig c;
-                    c.policy = p;
-                    c.n_slots = slots;
-                    c.per_layer = per_layer;
-                    c.decay_half_life = 7.3;
-                    const SimResult r = simulate(tr, c);
-                    CAPTURE(seed);
-                    CAPTURE(per_layer);
-                    CAPTURE(slots);
-                    CAPTURE(policy_name(p));
-                    CHECK(r.hits == naive_hits(tr, c));
-                    CHECK(r.accesses == 300 * 3 * 3);
-                    int64_t layer_sum = 0;
-                    for (int64_t h : r.layer_hits) layer_sum += h;
-                    CHECK(layer_sum == r.hits);
+                    for (Admission a : {Admission::all, Admission::frequency}) {
+                        if (p == Policy::lru && a == Admission::frequency) continue;
+                        CacheConfig c;
+                        c.policy = p;
+                        c.admit = a;
+                        c.n_slots = slots;
+                        c.per_layer = per_layer;
+                        c.decay_half_life = 7.3;
+                        const SimResult r = simulate(tr, c);
+                        CAPTURE(seed);
+                        CAPTURE(per_layer);
+                        CAPTURE(slots);
+                        CAPTURE(policy_name(p));
+                        CAPTURE(admission_name(a));
+                        CHECK(r.hits == naive_hits(tr, c));
+                        CHECK(r.accesses == 300 * 3 * 3);
+                        int64_t layer_sum = 0;
+                        for (int64_t h : r.layer_hits) layer_sum += h;
+                        CHECK(layer_sum == r.hits);
+                        CHECK(r.fills <= r.accesses - r.hits);
+                        if (a == Admission::all) CHECK(r.fills == r.accesses - r.hits);
+                    }
                 }
             }
         }
@@ -190,6 +212,32 @@ TEST_CASE("routing sim: belady equals brute force on small cases and bounds ever
             // Searching below belady + 1 finds belady's count unless something beats it.
             CHECK(brute_force_min_misses(tr, slots, belady_misses + 1) == belady_misses);
             for (Policy p : {Policy::lru, Policy::lfu, Policy::decay}) {
+                c.policy = p;
+                CHECK(simulate(tr, c).hits <= b.hits);
+            }
+        }
+    }
+}
+
+TEST_CASE("routing sim: belady with frequency admission equals brute force with bypass") {
+    for (uint64_t seed = 1; seed <= 12; ++seed) {
+        const int32_t L = seed % 2 ? 1 : 2, k = seed % 3 ? 1 : 2;
+        const RoutingTrace tr = random_trace(L, 5, k, L == 1 ? 10 : 5, seed);
+        for (int64_t slots = k; slots <= 4; ++slots) {
+            CacheConfig c;
+            c.policy = Policy::belady;
+            c.admit = Admission::frequency;
+            c.n_slots = slots;
+            const SimResult b = simulate(tr, c);
+            CAPTURE(seed);
+            CAPTURE(slots);
+            const int64_t misses = b.accesses - b.hits;
+            CHECK(brute_force_min_misses(tr, slots, misses + 1, true) == misses);
+            // Bypass can only help the optimum, and bounds the online policies with admission.
+            c.admit = Admission::all;
+            CHECK(simulate(tr, c).hits <= b.hits);
+            c.admit = Admission::frequency;
+            for (Policy p : {Policy::lfu, Policy::decay}) {
                 c.policy = p;
                 CHECK(simulate(tr, c).hits <= b.hits);
             }

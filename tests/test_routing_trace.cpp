@@ -257,6 +257,7 @@ TEST_CASE("routing CLI: a bad trace is one line on stderr and exit code 2") {
              {"routing", "sim", (dir.path / "good.npz").string(), "--policy", "fifo"},
              {"routing", "sim", (dir.path / "good.npz").string(), "--slots", "12x"},
              {"routing", "sim", (dir.path / "good.npz").string(), "-o", "xml"},
+             {"routing", "sim", (dir.path / "good.npz").string(), "--admit", "never"},
              {"routing", "gen", (dir.path / "g.npz").string(), "--stickiness", "0.7",
               "--cross-layer", "0.6"},
          }) {
@@ -294,6 +295,18 @@ TEST_CASE("routing CLI: gen, stats, sim and fit end to end") {
     }
     CHECK(sim["results"][1]["hit_rate"].get<double>() >=
           sim["results"][0]["hit_rate"].get<double>());
+    // Frequency admission: fewer fills than misses, and belady+admit bounds decay+admit.
+    r = run_minids({"routing", "sim", trace, "--slots", "25%", "--policy", "decay,belady",
+                    "--admit", "all,frequency", "-o", "json"});
+    REQUIRE(r.status == 0);
+    const auto adm = nlohmann::json::parse(r.out)["results"];
+    REQUIRE(adm.size() == 4);
+    CHECK(adm[0]["admit"] == "all");
+    CHECK(adm[2]["admit"] == "frequency");
+    CHECK(adm[0]["fills_per_token"].get<double>() == doctest::Approx(adm[0]["misses_per_token"]));
+    CHECK(adm[2]["fills_per_token"].get<double>() < adm[2]["misses_per_token"].get<double>());
+    CHECK(adm[3]["hit_rate"].get<double>() >= adm[2]["hit_rate"].get<double>());
+    CHECK(adm[3]["hit_rate"].get<double>() >= adm[1]["hit_rate"].get<double>());
     r = run_minids({"routing", "sim", trace, "--slots", "8/layer", "-o", "csv"});
     REQUIRE(r.status == 0);
     CHECK(lines_of(r.out).size() == 5);  // header + 4 policies

@@ -102,6 +102,7 @@ struct SweepOptions {
     std::string pools = "global";
     bool per_layer = false;
     double decay_half_life = 128;
+    std::string admit = "all";
 };
 
 void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
@@ -119,6 +120,11 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
                    "slots per layer) or both")
         ->capture_default_str();
     cmd.add_flag("--per-layer", o.per_layer, "same as --pools per-layer");
+    cmd.add_option("--admit", o.admit,
+                   "which misses take a slot, comma-separated: all, or frequency (only a miss "
+                   "the policy ranks above its victim; the others are used once without being "
+                   "cached; shown as policy+admit, belady+admit being the optimum with bypass)")
+        ->capture_default_str();
     cmd.add_option("--decay-half-life", o.decay_half_life,
                    "decay: a count halves every this many accesses to its layer's experts "
                    "(top-k per token)")
@@ -139,31 +145,43 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
     std::vector<std::pair<std::string, int64_t>> slots;
     for (const auto& s : split_list(o.slots)) slots.emplace_back(s, parse_slots(s, tr));
     if (slots.empty()) throw UserError("--slots: expected at least one cache size");
+    std::vector<Admission> admissions;
+    for (const auto& name : split_list(o.admit)) {
+        try {
+            admissions.push_back(parse_admission(name));
+        } catch (const std::invalid_argument& e) {
+            throw UserError(std::string("--admit: ") + e.what());
+        }
+    }
+    if (admissions.empty()) throw UserError("--admit: expected all, frequency or both");
     std::vector<int32_t> next;
     std::vector<SweepRow> rows;
     for (bool per_layer : parse_pools(o.pools, o.per_layer)) {
         for (const auto& [label, n] : slots) {
-            for (Policy p : policies) {
-                SweepRow row;
-                row.slots_label = label;
-                CacheConfig& c = row.result.config;
-                c.policy = p;
-                c.n_slots = n;
-                c.per_layer = per_layer;
-                c.n_layers = tr.shape.n_moe_layers();
-                c.n_experts = tr.shape.n_experts;
-                c.decay_half_life = o.decay_half_life;
-                try {
-                    check_config(c, tr.shape.top_k);
-                } catch (const std::invalid_argument& e) {
-                    row.skipped =
-                        std::string(e.what()).substr(std::string("expert cache: ").size());
-                    rows.push_back(row);
-                    continue;
+            for (Admission a : admissions) {
+                for (Policy p : policies) {
+                    SweepRow row;
+                    row.slots_label = label;
+                    CacheConfig& c = row.result.config;
+                    c.policy = p;
+                    c.admit = a;
+                    c.n_slots = n;
+                    c.per_layer = per_layer;
+                    c.n_layers = tr.shape.n_moe_layers();
+                    c.n_experts = tr.shape.n_experts;
+                    c.decay_half_life = o.decay_half_life;
+                    try {
+                        check_config(c, tr.shape.top_k);
+                    } catch (const std::invalid_argument& e) {
+                        row.skipped =
+                            std::string(e.what()).substr(std::string("expert cache: ").size());
+                        rows.push_back(row);
+                        continue;
+                    }
+                    if (p == Policy::belady && next.empty()) next = next_uses(tr);
+                    row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
+                    rows.push_back(std::move(row));
                 }
-                if (p == Policy::belady && next.empty()) next = next_uses(tr);
-                row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
-                rows.push_back(std::move(row));
             }
         }
     }

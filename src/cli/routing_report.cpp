@@ -21,6 +21,11 @@ std::string fmt(const char* f, double v) {
 
 std::string pools_name(const CacheConfig& c) { return c.per_layer ? "per-layer" : "global"; }
 
+// The policy as the tables name it: "decay", or "decay+admit" with frequency admission.
+std::string policy_label(const CacheConfig& c) {
+    return std::string(policy_name(c.policy)) + (c.admit == Admission::frequency ? "+admit" : "");
+}
+
 double cached_fraction(const RoutingTrace& tr, int64_t slots) {
     return double(slots) / (double(tr.shape.n_moe_layers()) * tr.shape.n_experts);
 }
@@ -63,6 +68,7 @@ std::string md_rule(size_t n) {
 const SimResult* belady_for(const std::vector<SweepRow>& rows, const SweepRow& r) {
     for (const auto& o : rows) {
         if (o.skipped.empty() && o.result.config.policy == Policy::belady &&
+            o.result.config.admit == Admission::all &&
             o.result.config.per_layer == r.result.config.per_layer &&
             o.result.config.n_slots == r.result.config.n_slots)
             return &o.result;
@@ -72,11 +78,10 @@ const SimResult* belady_for(const std::vector<SweepRow>& rows, const SweepRow& r
 
 nlohmann::json row_json(const RoutingTrace& tr, const SweepRow& r) {
     const CacheConfig& c = r.result.config;
-    nlohmann::json j = {{"pools", pools_name(c)},
-                        {"slots", c.n_slots},
-                        {"slots_label", r.slots_label},
-                        {"cached_fraction", cached_fraction(tr, c.n_slots)},
-                        {"policy", policy_name(c.policy)}};
+    nlohmann::json j = {
+        {"pools", pools_name(c)},          {"slots", c.n_slots},
+        {"slots_label", r.slots_label},    {"cached_fraction", cached_fraction(tr, c.n_slots)},
+        {"policy", policy_name(c.policy)}, {"admit", admission_name(c.admit)}};
     if (!r.skipped.empty()) {
         j["skipped"] = r.skipped;
         return j;
@@ -87,6 +92,7 @@ nlohmann::json row_json(const RoutingTrace& tr, const SweepRow& r) {
     j["accesses"] = r.result.accesses;
     j["misses_per_token"] = r.result.misses_per_token();
     j["bytes_per_token"] = r.result.bytes_per_token();
+    j["fills_per_token"] = r.result.fills_per_token();
     std::vector<double> layers;
     for (size_t l = 0; l < r.result.layer_hits.size(); ++l)
         layers.push_back(r.result.layer_hit_rate(l));
@@ -205,7 +211,7 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
             const CacheConfig& c = r.result.config;
             std::vector<std::string> cells = {pools_name(c), std::to_string(c.n_slots),
                                               fmt("%.4f", cached_fraction(tr, c.n_slots)),
-                                              policy_name(c.policy)};
+                                              policy_label(c)};
             if (!r.skipped.empty()) {
                 cells.resize(head.size(), "");
                 out += csv_join(cells);
@@ -229,7 +235,7 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
     std::map<std::tuple<std::string, int64_t, std::string>, const SweepRow*> cell;
     for (const auto& r : rows) {
         const CacheConfig& c = r.result.config;
-        const std::string p = policy_name(c.policy);
+        const std::string p = policy_label(c);
         if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
         const auto key = std::make_pair(pools_name(c), c.n_slots);
         if (std::find(configs.begin(), configs.end(), key) == configs.end()) configs.push_back(key);
@@ -261,8 +267,8 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
     }
     if (!notes.empty()) out += "\n" + notes;
 
-    std::vector<std::string> h2 = {"pools",     "slots",        "policy",   "hit rate",
-                                   "vs belady", "misses/token", "MiB/token"};
+    std::vector<std::string> h2 = {"pools",     "slots",        "policy",      "hit rate",
+                                   "vs belady", "misses/token", "fills/token", "MiB/token"};
     for (int32_t l = 0; l < L; ++l) {
         std::string col = "L";  // appended: GCC 12 warns falsely on "lit" + std::string
         col += std::to_string(tr.shape.moe_layers[size_t(l)]);
@@ -277,10 +283,11 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
         std::vector<std::string> cells = {
             pools_name(c),
             std::to_string(c.n_slots),
-            policy_name(c.policy),
+            policy_label(c),
             fmt("%.3f", r.result.hit_rate()),
             b ? fmt("%+.1f pt", 100 * (r.result.hit_rate() - b->hit_rate())) : "",
             fmt("%.2f", r.result.misses_per_token()),
+            fmt("%.2f", r.result.fills_per_token()),
             fmt("%.2f", r.result.bytes_per_token() / (1024.0 * 1024.0))};
         for (int32_t l = 0; l < L; ++l)
             cells.push_back(fmt("%.3f", r.result.layer_hit_rate(size_t(l))));

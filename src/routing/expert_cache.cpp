@@ -26,6 +26,14 @@ Policy parse_policy(const std::string& name) {
 
 bool policy_is_online(Policy p) { return p != Policy::belady; }
 
+const char* admission_name(Admission a) { return a == Admission::all ? "all" : "frequency"; }
+
+Admission parse_admission(const std::string& name) {
+    for (Admission a : {Admission::all, Admission::frequency})
+        if (name == admission_name(a)) return a;
+    throw std::invalid_argument("unknown admission \"" + name + "\" (expected all or frequency)");
+}
+
 std::vector<int64_t> per_layer_slots(int64_t n_slots, int32_t n_layers) {
     std::vector<int64_t> s(size_t(n_layers), n_slots / n_layers);
     for (int64_t l = 0; l < n_slots % n_layers; ++l) ++s[size_t(l)];
@@ -47,9 +55,14 @@ void check_config(const CacheConfig& c, int32_t min_slots_per_pool) {
         throw std::invalid_argument(
             "expert cache: " + std::to_string(c.n_slots) + " slots " +
             (c.per_layer ? "split over " + std::to_string(c.n_layers) + " layers give " +
-                               std::to_string(smallest) + " per layer"
-                         : std::string("")) +
-            ", fewer than the " + std::to_string(min_slots_per_pool) + " a step pins (top-k)");
+                               std::to_string(smallest) + " per layer, fewer"
+                         : std::string("are fewer")) +
+            " than the " + std::to_string(min_slots_per_pool) + " a step pins (top-k)");
+    }
+    if (c.admit == Admission::frequency && c.policy == Policy::lru) {
+        throw std::invalid_argument(
+            "expert cache: lru keeps no counts to admit by; frequency admission needs lfu, "
+            "decay or belady");
     }
     if (!(c.decay_half_life > 0)) {
         throw std::invalid_argument("expert cache: the decay half-life must be positive");

@@ -36,9 +36,10 @@ Policy parse_policy(const std::string& name);
 bool policy_is_online(Policy p);
 
 struct AccessResult {
-    enum Outcome : uint8_t { hit, miss, miss_evicted };
+    // bypass: a miss the admission rule kept out of the pool (used in place, not loaded).
+    enum Outcome : uint8_t { hit, miss, miss_evicted, bypass };
     Outcome outcome = hit;
-    int32_t slot = -1;     // where the expert is (hit) or must be loaded (a miss)
+    int32_t slot = -1;     // where the expert is (hit) or must be loaded (a miss); -1: bypass
     int32_t evicted = -1;  // the key that was in `slot` (miss_evicted), else -1
 };
 
@@ -46,7 +47,10 @@ struct AccessResult {
 template <class P>
 class SlotPool {
 public:
-    SlotPool(int32_t n_slots, int32_t n_keys, P policy = P()) : policy_(std::move(policy)) {
+    // `admission`: a miss with a full pool replaces the victim only when the policy ranks it
+    // higher (P::admits); otherwise the access is a bypass.
+    SlotPool(int32_t n_slots, int32_t n_keys, P policy = P(), bool admission = false)
+        : policy_(std::move(policy)), admission_(admission) {
         if (n_slots < 1) throw std::invalid_argument("expert cache: a pool needs at least 1 slot");
         slot_of_key_.assign(size_t(n_keys), -1);
         key_of_slot_.assign(size_t(n_slots), -1);
@@ -72,6 +76,10 @@ public:
                 if (s < 0) {
                     throw std::runtime_error(
                         "expert cache: every slot is pinned; release pins or add slots");
+                }
+                if (admission_ && !policy_.admits(key, s, key_of_slot_[size_t(s)], hint)) {
+                    r.outcome = AccessResult::bypass;
+                    return r;
                 }
                 r.outcome = AccessResult::miss_evicted;
                 r.evicted = key_of_slot_[size_t(s)];
@@ -104,6 +112,7 @@ public:
 
 private:
     P policy_;
+    bool admission_ = false;
     std::vector<int32_t> slot_of_key_, key_of_slot_;
     std::vector<uint32_t> pins_;
     std::vector<int32_t> pinned_;
@@ -111,12 +120,22 @@ private:
     uint64_t now_ = 0;
 };
 
+// Which misses take a slot: every one (each miss evicts the victim), or only those the policy
+// ranks above the victim (`frequency`: a higher LFU count or decayed count; belady: an earlier
+// next use, which makes it the optimum with bypass). A refused miss is a bypass: in the engine
+// it is read in place and costs no copy.
+enum class Admission { all, frequency };
+const char* admission_name(Admission a);
+// "all", "frequency"; throws std::invalid_argument otherwise.
+Admission parse_admission(const std::string& name);
+
 struct CacheConfig {
     Policy policy = Policy::lru;
     int32_t n_layers = 1;   // MoE layers
     int32_t n_experts = 1;  // routed experts per layer
     int64_t n_slots = 1;    // total, over all layers
     bool per_layer = false;
+    Admission admit = Admission::all;
     // decay: counts halve every this many accesses to one layer's experts (k per token), for
     // global and per-layer pools alike.
     double decay_half_life = 128;
@@ -155,14 +174,15 @@ template <class P>
 class LayeredPools {
 public:
     explicit LayeredPools(const CacheConfig& c) : n_experts_(c.n_experts) {
+        const bool admission = c.admit == Admission::frequency;
         if (!c.per_layer) {
             pools_.emplace_back(int32_t(c.n_slots), c.n_layers * c.n_experts,
-                                make_policy<P>(c, c.n_layers));
+                                make_policy<P>(c, c.n_layers), admission);
             offset_.push_back(0);
         } else {
             int64_t at = 0;
             for (int64_t n : per_layer_slots(c.n_slots, c.n_layers)) {
-                pools_.emplace_back(int32_t(n), c.n_experts, make_policy<P>(c, 1));
+                pools_.emplace_back(int32_t(n), c.n_experts, make_policy<P>(c, 1), admission);
                 offset_.push_back(int32_t(at));
                 at += n;
             }
@@ -171,7 +191,7 @@ public:
     AccessResult access(int32_t layer, int32_t expert, const AccessHint& h, bool pin) {
         if (pools_.size() == 1) return pools_[0].access(layer * n_experts_ + expert, h, pin);
         AccessResult r = pools_[size_t(layer)].access(expert, h, pin);
-        r.slot += offset_[size_t(layer)];
+        if (r.slot >= 0) r.slot += offset_[size_t(layer)];
         if (r.evicted >= 0) r.evicted += layer * n_experts_;
         return r;
     }

@@ -5,6 +5,9 @@
 //     void on_hit(int32_t slot, int32_t key, const AccessHint& h);   // the expert was resident
 //     void on_fill(int32_t slot, int32_t key, const AccessHint& h);  // it was loaded into slot
 //     template <class Pinned> int32_t victim(Pinned is_pinned);     // an unpinned slot to evict
+//     // admission by rank (CacheConfig::admit == Admission::frequency): on a miss with a full
+//     // pool, whether `key` should replace the victim; when it says no it has counted the use
+//     bool admits(int32_t key, int32_t victim_slot, int32_t victim_key, const AccessHint& h);
 // with O(1) (LRU) or O(log n) (heap policies) work per call; victim also skips the pinned slots
 // it meets first, so it costs O(p) or O(p log p) more when p pinned slots rank lowest. A key is
 // layer · n_experts + expert; knowledge about keys (LFU counts, decayed scores) survives their
@@ -40,6 +43,8 @@ public:
         if (h.use) move_to_front(slot);
     }
     void on_fill(int32_t slot, int32_t, const AccessHint&) { move_to_front(slot); }
+    // LRU keeps no ranking of absent keys to admit by (check_config refuses the combination).
+    bool admits(int32_t, int32_t, int32_t, const AccessHint&) { return true; }
     template <class Pinned>
     int32_t victim(Pinned is_pinned) const {
         int32_t s = tail_;
@@ -180,6 +185,13 @@ public:
     int32_t victim(Pinned is_pinned) {
         return heap_.lowest_unpinned(is_pinned);
     }
+    // Admitted only with more uses (this one included) than the victim: ties keep the victim.
+    bool admits(int32_t key, int32_t, int32_t victim_key, const AccessHint& h) {
+        const uint64_t c = count_[size_t(key)] + (h.use ? 1 : 0);
+        if (c > count_[size_t(victim_key)]) return true;
+        count_[size_t(key)] = c;
+        return false;
+    }
     uint64_t count(int32_t key) const { return count_[size_t(key)]; }
 
 private:
@@ -215,6 +227,15 @@ public:
     template <class Pinned>
     int32_t victim(Pinned is_pinned) {
         return heap_.lowest_unpinned(is_pinned);
+    }
+    // Admitted only with a higher decayed count (this use included) than the victim's; scores
+    // are compared in the frame they are stored in (a use adds 2^(t / half_life)).
+    bool admits(int32_t key, int32_t, int32_t victim_key, const AccessHint& h) {
+        const double t = double(h.now) * ticks_per_access_;
+        const double use = h.use ? std::exp2((t - base_) / half_life_) : 0.0;
+        if (score_[size_t(key)] + use > score_[size_t(victim_key)]) return true;
+        if (h.use) add_use(key, h);
+        return false;
     }
     // The decayed count of a key at access `now` (for tests).
     double count(int32_t key, uint64_t now) const {
@@ -257,19 +278,29 @@ private:
 // force on small cases).
 class BeladyPolicy {
 public:
-    void init(int32_t n_slots, int32_t) { heap_.init(n_slots); }
+    void init(int32_t n_slots, int32_t) {
+        heap_.init(n_slots);
+        next_use_.assign(size_t(n_slots), 0);
+    }
     void on_hit(int32_t slot, int32_t, const AccessHint& h) { update(slot, h); }
     void on_fill(int32_t slot, int32_t, const AccessHint& h) { update(slot, h); }
     template <class Pinned>
     int32_t victim(Pinned is_pinned) {
         return heap_.lowest_unpinned(is_pinned);
     }
+    // With admission: the offline optimum when a miss may bypass the cache (the missed expert
+    // stays out when it is used again no sooner than the victim).
+    bool admits(int32_t, int32_t victim_slot, int32_t, const AccessHint& h) {
+        return h.next_use < next_use_[size_t(victim_slot)];
+    }
 
 private:
     void update(int32_t slot, const AccessHint& h) {
         heap_.set(slot, -double(h.next_use), h.now);  // min-heap: farthest next use on top
+        next_use_[size_t(slot)] = h.next_use;
     }
     SlotHeap heap_;
+    std::vector<int64_t> next_use_;
 };
 
 }  // namespace minids::routing

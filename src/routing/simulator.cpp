@@ -38,7 +38,9 @@ void run(const RoutingTrace& tr, const CacheConfig& c, const std::vector<int32_t
             int64_t hits = 0;
             for (int32_t j = 0; j < k; ++j, ++i) {
                 if (next) hint.next_use = (*next)[size_t(i)];
-                hits += pools.access(l, ids[j], hint, true).outcome == AccessResult::hit;
+                const AccessResult::Outcome o = pools.access(l, ids[j], hint, true).outcome;
+                hits += o == AccessResult::hit;
+                r.fills += o == AccessResult::miss || o == AccessResult::miss_evicted;
             }
             pools.unpin_layer(l);
             r.layer_hits[size_t(l)] += hits;

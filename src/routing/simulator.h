@@ -19,6 +19,7 @@ struct SimResult {
     CacheConfig config;
     int64_t n_tokens = 0;
     int64_t accesses = 0, hits = 0;
+    int64_t fills = 0;  // misses loaded into a slot (all of them unless admission refused some)
     std::vector<int64_t> layer_accesses, layer_hits;  // per MoE layer
     uint64_t expert_bytes = 0;
 
@@ -30,6 +31,7 @@ struct SimResult {
         return n_tokens ? double(accesses - hits) / double(n_tokens) : 0.0;
     }
     double bytes_per_token() const { return misses_per_token() * double(expert_bytes); }
+    double fills_per_token() const { return n_tokens ? double(fills) / double(n_tokens) : 0.0; }
 };
 
 // For every access (index (t·L + l)·k + j) the index of the next access to the same expert of
