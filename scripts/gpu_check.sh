@@ -92,18 +92,19 @@ bench_model() {  # $1 = expert dtype
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
         MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
+            --sweep-admit all,frequency \
             > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
         local rc=$?
         kill $smi 2>/dev/null
         say "offload 12GiB: rc=$rc, peak GPU memory of the process $(sort -n "$OUT/offload_12g_mem.txt" | tail -1) MiB (nvidia-smi; budget 12288 MiB); load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
-            --expert-cache-slots 208 > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
+            --sweep-slots 208 --sweep-admit all,frequency > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
-            grep -E '^\| (cold|warm)' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
+            grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi
     if [[ $PROFILE == 1 && $1 == f8_e4m3 ]]; then

@@ -34,6 +34,14 @@ TEST_CASE("cli expert cache: the same text with most experts out of the cache, a
         CHECK(cached.out == plain.out);
         CHECK(cached.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
     }
+    // Frequency admission: fewer experts copied in, the same text.
+    std::vector<std::string> admit = base;
+    admit.insert(admit.end(), {"--expert-cache-slots", "24", "--expert-cache-admit", "frequency"});
+    const CliResult admitted = run_minids(admit);
+    INFO("stderr: " << admitted.err);
+    CHECK(admitted.status == 0);
+    CHECK(admitted.out == plain.out);
+    CHECK(admitted.err.find("admitting frequent misses") != std::string::npos);
     std::vector<std::string> per_layer = base;
     per_layer.insert(per_layer.end(),
                      {"--expert-cache-slots", "20", "--expert-cache-pools", "per-layer"});
@@ -56,6 +64,10 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
     check_refused(with({"--vram-budget", "-1G"}), "--vram-budget");
     check_refused(with({"--expert-cache-policy", "belady"}), "belady");
     check_refused(with({"--expert-cache-pools", "some"}), "some");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-cache-policy", "lru",
+                        "--expert-cache-admit", "frequency"}),
+                  "lru keeps no counts");
+    check_refused(with({"--expert-cache-admit", "sometimes"}), "sometimes");
 }
 
 TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases") {
@@ -87,6 +99,16 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
     const CliResult r =
         run_minids({"bench", "-m", demo(), "--cpu", "--sweep-slots", "24,60", "--sweep-policies",
                     "lru,decay", "-p", "16", "-n", "4", "-r", "1", "-o", "json"});
+    const CliResult adm = run_minids({"bench", "-m", demo(), "--cpu", "--sweep-slots", "24",
+                                      "--sweep-policies", "decay", "--sweep-admit", "all,frequency",
+                                      "-p", "16", "-n", "4", "-r", "1", "-o", "json"});
+    INFO("stderr: " << adm.err);
+    REQUIRE(adm.status == 0);
+    std::vector<std::string> admits;
+    for (const auto& row : nlohmann::json::parse(adm.out))
+        if (row.contains("admit")) admits.push_back(row.at("admit").get<std::string>());
+    CHECK(admits == std::vector<std::string>{"all", "all", "all", "all", "frequency", "frequency",
+                                             "frequency", "frequency"});
     INFO("stderr: " << r.err);
     REQUIRE(r.status == 0);
     // Four phases for each of the four settings, in slot-major order, each with its counters.
@@ -112,7 +134,9 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
     };
     check_refused(refused({"--sweep-slots", "24", "--expert-cache-slots", "30"}),
                   "give one of them");
-    check_refused(refused({"--sweep-policies", "lru"}), "needs the expert cache");
-    check_refused(refused({"--sweep-slots", "2,24"}), "--sweep-slots");
+    check_refused(refused({"--sweep-policies", "lru"}), "need the expert cache");
+    check_refused(refused({"--sweep-admit", "frequency"}), "need the expert cache");
+    check_refused(refused({"--sweep-slots", "2,24"}),
+                  "bench sweep: expert cache: 2 slots are fewer");
     check_refused(refused({"--sweep-policies", "belady", "--sweep-slots", "24"}), "belady");
 }

@@ -36,6 +36,7 @@ struct BenchOptions {
     // The expert cache's sweep: the four phases once per slot count x policy.
     std::vector<int64_t> sweep_slots;
     std::vector<std::string> sweep_policies;
+    std::vector<std::string> sweep_admit;
 };
 
 struct BenchRow {
@@ -50,7 +51,7 @@ struct BenchRow {
 struct PhaseRow {
     std::string phase;
     int64_t slots = 0;
-    std::string policy;
+    std::string policy, admit;
     int64_t n_prompt = 0, n_gen = 0;
     double ttft_s = 0.0, tg_tok_s = 0.0;
     double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
@@ -122,6 +123,7 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.phase = name;
         ph.slots = cc.n_slots;
         ph.policy = routing::policy_name(cc.policy);
+        ph.admit = routing::admission_name(cc.admit);
         const auto prompt =
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);
@@ -148,11 +150,11 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.mib_filled_per_token = double(decode.bytes_filled) * per_token;
         ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
         std::fprintf(stderr,
-                     "minids bench: expert cache %lld slots %s, %-20s first token %.3f s, tg %.2f "
-                     "tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and %.1f MiB "
-                     "over the link per token\n",
-                     (long long)ph.slots, ph.policy.c_str(), name, ph.ttft_s, ph.tg_tok_s,
-                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
+                     "minids bench: expert cache %lld slots %s admit %s, %-20s first token %.3f s, "
+                     "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
+                     "%.1f MiB over the link per token\n",
+                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), name, ph.ttft_s,
+                     ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
                      ph.mib_link_per_token);
         phases.push_back(ph);
     }
@@ -175,12 +177,12 @@ int bench(BenchOptions o) {
         // The plan must hold the largest pool of the sweep.
         o.model.expert_cache_slots = *std::max_element(o.sweep_slots.begin(), o.sweep_slots.end());
     }
-    if (!o.sweep_policies.empty() && !o.model.expert_cache_requested())
+    if ((!o.sweep_policies.empty() || !o.sweep_admit.empty()) && !o.model.expert_cache_requested())
         throw UserError(
-            "--sweep-policies needs the expert cache: add --vram-budget, "
+            "--sweep-policies and --sweep-admit need the expert cache: add --vram-budget, "
             "--expert-cache-slots or --sweep-slots");
     LoadedModel m = load_model(o.model, "bench");
-    if (!m.expert_cache && !o.sweep_policies.empty())
+    if (!m.expert_cache && (!o.sweep_policies.empty() || !o.sweep_admit.empty()))
         std::fprintf(stderr, "minids bench: every expert fits the budget: no cache to sweep\n");
     const ModelConfig& c = m.model->config();
     const bool gpu = std::string(m.backend->name()) != "cpu";
@@ -246,22 +248,29 @@ int bench(BenchOptions o) {
         const std::vector<std::string> policy_list =
             o.sweep_policies.empty() ? std::vector<std::string>{routing::policy_name(base.policy)}
                                      : o.sweep_policies;
+        const std::vector<std::string> admit_list =
+            o.sweep_admit.empty() ? std::vector<std::string>{routing::admission_name(base.admit)}
+                                  : o.sweep_admit;
         for (int64_t n : slot_list) {
             for (const std::string& p : policy_list) {
-                routing::CacheConfig cc = base;
-                cc.n_slots = int32_t(std::min<int64_t>(n, int64_t(base.n_layers) * base.n_experts));
-                cc.policy = routing::parse_policy(p);
-                configs.push_back(cc);
+                for (const std::string& a : admit_list) {
+                    routing::CacheConfig cc = base;
+                    cc.admit = routing::parse_admission(a);
+                    cc.n_slots =
+                        int32_t(std::min<int64_t>(n, int64_t(base.n_layers) * base.n_experts));
+                    cc.policy = routing::parse_policy(p);
+                    configs.push_back(cc);
+                }
             }
         }
         for (const routing::CacheConfig& cc : configs) {
-            if (o.sweep_slots.size() + o.sweep_policies.size() > 0) {
+            if (o.sweep_slots.size() + o.sweep_policies.size() + o.sweep_admit.size() > 0) {
                 // A fresh cache per setting: the old one's slots are freed first.
                 m.expert_cache.reset();
                 try {
                     m.expert_cache = std::make_unique<ExpertOffload>(*m.model, *m.backend, cc);
                 } catch (const std::invalid_argument& e) {
-                    throw UserError(std::string("--sweep-slots: ") + e.what());
+                    throw UserError(std::string("bench sweep: ") + e.what());
                 }
                 attach_expert_cache(m, session);
             }
@@ -313,6 +322,7 @@ int bench(BenchOptions o) {
                            {"n_gen", ph.n_gen},
                            {"slots", ph.slots},
                            {"policy", ph.policy},
+                           {"admit", ph.admit},
                            {"ttft_s", ph.ttft_s},
                            {"tg_ts", ph.tg_tok_s},
                            {"prompt_hit_rate", ph.prompt_hit_rate},
@@ -350,14 +360,17 @@ int bench(BenchOptions o) {
             std::printf("\nexpert cache: %s pool%s\n\n", cc.per_layer ? "per-layer" : "global",
                         cc.per_layer ? "s" : "");
             std::printf(
-                "| slots | policy | phase | prompt | first token s | tg | tg t/s | hit rate prompt "
-                "| hit rate tg | MiB filled / token | MiB over link / token |\n");
+                "| slots | policy | admit | phase | prompt | first token s | tg | tg t/s | hit "
+                "rate "
+                "prompt | hit rate tg | MiB filled / token | MiB over link / token |\n");
             std::printf(
-                "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                "|\n");
             for (const PhaseRow& ph : phases)
                 std::printf(
-                    "| %lld | %s | %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f | %.1f |\n",
-                    (long long)ph.slots, ph.policy.c_str(), ph.phase.c_str(),
+                    "| %lld | %s | %s | %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f | %.1f "
+                    "|\n",
+                    (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.phase.c_str(),
                     (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen, ph.tg_tok_s,
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
                     ph.mib_link_per_token);
@@ -402,6 +415,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                     "separated (the memory plan is made for the largest; turns the cache on)")
         ->delimiter(',')
         ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+    cmd->add_option("--sweep-admit", opts->sweep_admit,
+                    "expert cache: run the four offload phases once per admission rule, comma-"
+                    "separated (all, frequency)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"all", "frequency"}));
     cmd->add_option("--sweep-policies", opts->sweep_policies,
                     "expert cache: run the four offload phases once per policy, comma-separated "
                     "(lru, lfu, decay)")

@@ -65,6 +65,12 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
            "which expert the cache evicts: lru, lfu or decay (docs/expert-cache-policies.md)")
         ->capture_default_str()
         ->check(CLI::IsMember({"lru", "lfu", "decay"}));
+    cmd.add_option("--expert-cache-admit", f.expert_cache_admit,
+                   "which misses take a slot: all, or frequency (only an expert the policy "
+                   "ranks above its victim; the others are read in place without a copy; "
+                   "lfu and decay only)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"all", "frequency"}));
     cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
                    "one slot pool for all MoE layers (global) or a fixed share per layer "
                    "(per-layer)")
@@ -263,6 +269,7 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     routing::CacheConfig cc;
     cc.policy = routing::parse_policy(flags.expert_cache_policy);
     cc.per_layer = flags.expert_cache_pools == "per-layer";
+    cc.admit = routing::parse_admission(flags.expert_cache_admit);
     const int64_t n_moe = c.n_routed_experts ? n_experts / c.n_routed_experts : 0;
     const int64_t min_slots = c.num_experts_per_tok * (cc.per_layer ? n_moe : 1);
     uint64_t budget_flag = 0;  // checked here so a bad size is refused on the CPU too
@@ -381,10 +388,12 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
         }
         std::fprintf(stderr,
                      "minids %s: expert cache: %lld of %lld routed experts in slots (%s, %s "
-                     "pool%s); the others are read over PCIe from host memory as needed\n",
+                     "pool%s, admitting %s misses); the others are read over PCIe from host "
+                     "memory as needed\n",
                      command, (long long)cache_config->n_slots, (long long)n_experts,
                      flags.expert_cache_policy.c_str(), flags.expert_cache_pools.c_str(),
-                     cc.per_layer ? "s" : "");
+                     cc.per_layer ? "s" : "",
+                     cc.admit == routing::Admission::all ? "all" : "frequent");
     }
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

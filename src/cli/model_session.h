@@ -45,6 +45,7 @@ struct ModelFlags {
     int64_t expert_cache_slots = -1;  // --expert-cache-slots N (-1: as many as the plan fits)
     std::string expert_cache_policy = "decay";  // --expert-cache-policy lru|lfu|decay
     std::string expert_cache_pools = "global";  // --expert-cache-pools global|per-layer
+    std::string expert_cache_admit = "all";     // --expert-cache-admit all|frequency
     bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 

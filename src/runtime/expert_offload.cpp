@@ -114,6 +114,7 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
                     ++stats_.hits;
                     continue;
                 }
+                if (a.outcome == routing::AccessResult::bypass) continue;  // read in place
                 slot_key_[size_t(a.slot)] = l * E + e;
                 changed.push_back(a.slot);
             }
