@@ -202,6 +202,27 @@ const char* memory_kind_name(memory_kind k) {
     return "unknown";
 }
 
+namespace {
+
+class immediate_transfer_queue final : public transfer_queue {
+public:
+    explicit immediate_transfer_queue(backend& b) : b_(b) {}
+    void copy(void* dst, const void* src, size_t n) override { b_.copy_to_backend(dst, src, n); }
+    uint64_t fence() override { return ++fences_; }
+    bool done(uint64_t) override { return true; }
+    void drain() override {}
+
+private:
+    backend& b_;
+    uint64_t fences_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<transfer_queue> backend::make_transfer_queue() {
+    return std::make_unique<immediate_transfer_queue>(*this);
+}
+
 void backend::check_not_stale(const graph& g) {
     MGL_CHECK(g.placed_in != nullptr, "compute: the graph was not allocated");
     MGL_CHECK(g.placed_in->generation == g.arena_generation,

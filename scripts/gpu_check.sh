@@ -100,10 +100,15 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --sweep-slots 208 --sweep-admit all,frequency > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
-        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
+        # The same 12 GiB plan with the fills on a copy stream beside the steps (new).
+        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
+            --expert-cache-copy-stream --sweep-admit all,frequency \
+            > "$OUT/bench_offload_12g_cs.md" 2> "$OUT/bench_offload_12g_cs.log"
+        say "offload 12GiB, copy stream: rc=$?"
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
-        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md"; do
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi

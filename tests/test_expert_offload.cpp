@@ -132,3 +132,95 @@ TEST_CASE("expert offload: refuses a pool that cannot hold one token's experts")
     cfg.per_layer = true;  // 2-3 per layer
     CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg), std::invalid_argument);
 }
+
+namespace {
+
+// A transfer queue whose fences pass `delay` ticks after they are made (the test ticks once
+// per step): the copies land at once (CPU memory), but the cache must not point at a slot
+// before its fence has passed, as with a copy stream that has not finished.
+class DelayedQueue final : public mgl::transfer_queue {
+public:
+    explicit DelayedQueue(int64_t delay) : delay_(delay) {}
+    void copy(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+    uint64_t fence() override {
+        ready_at_.push_back(ticks_ + delay_);
+        return ready_at_.size();
+    }
+    bool done(uint64_t f) override { return ticks_ >= ready_at_.at(size_t(f - 1)); }
+    void drain() override { ticks_ = INT64_MAX / 2; }
+    void tick() { ++ticks_; }
+
+private:
+    int64_t delay_, ticks_ = 0;
+    std::vector<int64_t> ready_at_;
+};
+
+}  // namespace
+
+TEST_CASE("expert offload: fills on a transfer queue are pointed at only once they have landed") {
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel cached = open_test_model(path);
+    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    Session ref(*plain.model, *plain.backend, SessionParams{});
+    const std::vector<float> ref_prompt = ref.eval(prompt, true);
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> ref_steps;
+    const int64_t V = plain.model->config().vocab_size;
+    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
+    for (int i = 0; i < 24; ++i) {
+        tokens.push_back(argmax(last));
+        const int32_t one[1] = {tokens.back()};
+        last = ref.eval(one);
+        ref_steps.push_back(last);
+    }
+    for (int64_t delay : {1, 3}) {
+        CAPTURE(delay);
+        routing::CacheConfig cfg;
+        cfg.policy = routing::Policy::decay;
+        cfg.n_slots = 24;
+        auto queue = std::make_unique<DelayedQueue>(delay);
+        DelayedQueue* q = queue.get();
+        ExpertOffload offload(*cached.model, *cached.backend, cfg, std::move(queue));
+        REQUIRE(offload.uses_copy_stream());
+        Session s(*cached.model, *cached.backend, SessionParams{});
+        routing::RoutingTrace trace = empty_trace(*cached.model);
+        s.set_routing_observer([&](const RoutingRecord& r) {
+            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
+        });
+        int64_t most_pending = 0, pointed_at_pending = 0;
+        s.set_expert_cache_hook([&](const RoutingRecord& r) {
+            q->tick();
+            offload.after_step(r);
+            check_tables(offload, *cached.model);
+            most_pending = std::max(most_pending, offload.pending_fills());
+            // No entry may point at a slot whose fill has not landed: every slot an entry
+            // points at is one the cache has settled.
+            for (int32_t l = 0; l < int32_t(cached.model->moe_layers().size()); ++l)
+                for (int32_t e = 0; e < int32_t(cached.model->config().n_routed_experts); ++e)
+                    pointed_at_pending += offload.table_entry(l, e) != offload.home(l, e) &&
+                                          offload.slot_pending(offload.table_entry(l, e));
+        });
+        CHECK(s.eval(prompt, true) == ref_prompt);
+        bool all_equal = true;
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            const int32_t one[1] = {tokens[i]};
+            all_equal = all_equal && s.eval(one) == ref_steps[i];
+        }
+        CHECK(all_equal);
+        CHECK(most_pending > 0);
+        CHECK(pointed_at_pending == 0);
+        const OffloadStats& st = offload.stats();
+        CHECK(st.hits == routing::simulate(trace, cfg).hits);  // the policy is unchanged
+        // The fills were used once landed: entries point at slots by the end.
+        int64_t at_slots = 0;
+        for (int32_t l = 0; l < int32_t(cached.model->moe_layers().size()); ++l)
+            for (int32_t e = 0; e < int32_t(cached.model->config().n_routed_experts); ++e)
+                at_slots += offload.table_entry(l, e) != offload.home(l, e);
+        CHECK(at_slots > 0);
+        // Until then those experts were read in place although the policy counted hits.
+        CHECK(st.reads_in_place > 0);
+        offload.reset();  // drains the queue
+        CHECK(offload.pending_fills() == 0);
+    }
+}

@@ -3,12 +3,14 @@
 // memory far smaller than the experts, decode replayed through the captured graph while the
 // tables change between steps. The logits must equal those of the fully resident model (the
 // same kernels read the same bytes, from a slot or over the bus), the tables on the device must
-// hold what the cache says, and the hit counts must equal the simulator's on the run's trace.
+// hold what the cache says, and the hit counts must equal the simulator's on the run's trace;
+// also with the fills on a copy stream beside the steps.
 #ifdef MINIDS_HAVE_CUDA
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "expert_offload_test_util.h"
@@ -65,13 +67,18 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
         ref_steps.push_back(last);
     }
 
-    for (const auto& [policy, slots] :
-         {std::pair{routing::Policy::lru, int64_t(24)}, {routing::Policy::decay, int64_t(12)}}) {
+    // The third case fills the slots on a copy stream (mgl::transfer_queue) beside the steps.
+    for (const auto& [policy, slots, copy_stream] :
+         {std::tuple{routing::Policy::lru, int64_t(24), false},
+          {routing::Policy::decay, int64_t(12), false},
+          {routing::Policy::decay, int64_t(24), true}}) {
         CAPTURE(std::string(routing::policy_name(policy)));
+        CAPTURE(copy_stream);
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        ExpertOffload offload(*offloaded.model, *offloaded.backend, cfg);
+        ExpertOffload offload(*offloaded.model, *offloaded.backend, cfg,
+                              copy_stream ? offloaded.backend->make_transfer_queue() : nullptr);
         Session s(*offloaded.model, *offloaded.backend, sp);
         routing::RoutingTrace trace = empty_trace(*offloaded.model);
         size_t bad_tables = 0;
@@ -98,7 +105,8 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
         }
         const OffloadStats& st = offload.stats();
         const routing::SimResult sim = routing::simulate(trace, cfg);
-        MESSAGE("CUDA expert offload, " << std::string(routing::policy_name(policy)) << " " << slots
+        MESSAGE("CUDA expert offload, " << std::string(routing::policy_name(policy))
+                                        << (copy_stream ? " (copy stream)" : "") << " " << slots
                                         << " of 160 slots: worst max|diff|/max|logit| " << worst
                                         << " against the resident model; " << st.hits << " hits of "
                                         << st.accesses << " (simulator " << sim.hits << "), "

@@ -3,6 +3,7 @@
 // captured CUDA graph replayed for graphs marked reusable).
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <list>
 #include <map>
 #include <set>
@@ -49,6 +50,42 @@ public:
 
 private:
     pinned_memory mem_;
+};
+
+// Copies on a stream of their own, with one event per fence (polled, never waited on but in
+// drain()).
+class cuda_transfer_queue final : public transfer_queue {
+public:
+    ~cuda_transfer_queue() override { (void)cudaStreamSynchronize(stream_.get()); }
+    void copy(void* dst, const void* src, size_t n) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_.get()));
+    }
+    uint64_t fence() override {
+        event e;
+        e.record(stream_.get());
+        pending_.emplace_back(++fences_, std::move(e));
+        return fences_;
+    }
+    bool done(uint64_t f) override {
+        while (!pending_.empty()) {
+            const cudaError_t q = cudaEventQuery(pending_.front().second.get());
+            if (q == cudaErrorNotReady) break;
+            CUDA_CHECK(q);
+            completed_ = pending_.front().first;
+            pending_.pop_front();
+        }
+        return f <= completed_;
+    }
+    void drain() override {
+        CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+        pending_.clear();
+        completed_ = fences_;
+    }
+
+private:
+    cuda::stream stream_;
+    std::deque<std::pair<uint64_t, event>> pending_;
+    uint64_t fences_ = 0, completed_ = 0;
 };
 
 // What allocate() prepared for one graph, kept under the graph's version.
@@ -138,6 +175,10 @@ public:
     void copy_to_backend_async(void* dst, const void* src, size_t n) override {
         use_device();
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_.get()));
+    }
+    std::unique_ptr<transfer_queue> make_transfer_queue() override {
+        use_device();
+        return std::make_unique<cuda_transfer_queue>();
     }
 
     void allocate(graph& g, arena& a) override {

@@ -342,6 +342,21 @@ struct host_registration {
     virtual const void* device_address(const void* p) const = 0;
 };
 
+// Bulk host -> backend copies queued beside compute() (CUDA: a stream of their own), for
+// filling memory that no queued or running graph reads. Copies run in the order queued; fence()
+// marks those queued so far and done() says, without waiting, whether a fence has passed.
+// Nothing orders these copies with compute(): the caller keeps graphs away from the memory
+// until done(fence). Sources must stay valid and unchanged until then.
+class transfer_queue {
+public:
+    virtual ~transfer_queue() = default;
+    virtual void copy(void* dst, const void* src, size_t n) = 0;
+    virtual uint64_t fence() = 0;
+    virtual bool done(uint64_t fence) = 0;
+    // Waits for every queued copy.
+    virtual void drain() = 0;
+};
+
 // Memory for the intermediates of graphs. It only grows: when a larger graph is allocated into
 // it, its buffer is replaced and graphs placed in it before become stale (allocate them again).
 // A caller that computes graphs alternately (a prefill graph and the decode graph) gives each its
@@ -370,6 +385,10 @@ public:
     // returns an identity registration.
     virtual std::unique_ptr<host_registration> register_host(const void* p, size_t n,
                                                              bool read_only) = 0;
+
+    // A queue of copies beside compute(). The default copies at once (copy_to_backend), so
+    // every fence is done when it is made: right for a backend that computes synchronously.
+    virtual std::unique_ptr<transfer_queue> make_transfer_queue();
 
     // Copies between host memory and a tensor's memory, ordered with compute() in one queue. The
     // blocking forms return when the copy is done. upload_async returns at once: `src` must stay

@@ -268,7 +268,10 @@ int bench(BenchOptions o) {
                 // A fresh cache per setting: the old one's slots are freed first.
                 m.expert_cache.reset();
                 try {
-                    m.expert_cache = std::make_unique<ExpertOffload>(*m.model, *m.backend, cc);
+                    m.expert_cache = std::make_unique<ExpertOffload>(
+                        *m.model, *m.backend, cc,
+                        o.model.expert_cache_copy_stream ? m.backend->make_transfer_queue()
+                                                         : nullptr);
                 } catch (const std::invalid_argument& e) {
                     throw UserError(std::string("bench sweep: ") + e.what());
                 }

@@ -71,6 +71,10 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "lfu and decay only)")
         ->capture_default_str()
         ->check(CLI::IsMember({"all", "frequency"}));
+    cmd.add_flag("--expert-cache-copy-stream", f.expert_cache_copy_stream,
+                 "fill the expert cache's slots on a copy stream beside the next step instead of "
+                 "before it (new; a filled slot is used from the first step after its copy has "
+                 "landed)");
     cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
                    "one slot pool for all MoE layers (global) or a fixed share per layer "
                    "(per-layer)")
@@ -382,18 +386,21 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     m.tokenizer = std::move(checked.tokenizer);
     if (cache_config) {
         try {
-            m.expert_cache = std::make_unique<ExpertOffload>(*m.model, *m.backend, *cache_config);
+            m.expert_cache = std::make_unique<ExpertOffload>(
+                *m.model, *m.backend, *cache_config,
+                flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr);
         } catch (const std::invalid_argument& e) {
             throw UserError(std::string("expert cache: ") + e.what());
         }
         std::fprintf(stderr,
                      "minids %s: expert cache: %lld of %lld routed experts in slots (%s, %s "
-                     "pool%s, admitting %s misses); the others are read over PCIe from host "
+                     "pool%s, admitting %s misses%s); the others are read over PCIe from host "
                      "memory as needed\n",
                      command, (long long)cache_config->n_slots, (long long)n_experts,
                      flags.expert_cache_policy.c_str(), flags.expert_cache_pools.c_str(),
                      cc.per_layer ? "s" : "",
-                     cc.admit == routing::Admission::all ? "all" : "frequent");
+                     cc.admit == routing::Admission::all ? "all" : "frequent",
+                     flags.expert_cache_copy_stream ? ", fills on a copy stream" : "");
     }
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -46,6 +46,7 @@ struct ModelFlags {
     std::string expert_cache_policy = "decay";  // --expert-cache-policy lru|lfu|decay
     std::string expert_cache_pools = "global";  // --expert-cache-pools global|per-layer
     std::string expert_cache_admit = "all";     // --expert-cache-admit all|frequency
+    bool expert_cache_copy_stream = false;      // --expert-cache-copy-stream
     bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 

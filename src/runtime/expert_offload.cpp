@@ -13,8 +13,12 @@ constexpr uint64_t kSlotAlign = 256;
 }  // namespace
 
 ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
-                             routing::CacheConfig config)
-    : store_(model.weights()), backend_(backend), config_(config) {
+                             routing::CacheConfig config,
+                             std::unique_ptr<mgl::transfer_queue> transfers)
+    : store_(model.weights()),
+      backend_(backend),
+      config_(config),
+      transfers_(std::move(transfers)) {
     const auto& tables = store_.expert_tables();
     if (tables.empty()) throw std::invalid_argument("expert cache: the model has no MoE layers");
     config_.n_layers = int32_t(tables.size());
@@ -25,6 +29,7 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
     slot_stride_ = slot_bytes_for(blob_bytes_);
     slots_ = backend_.alloc_buffer(size_t(slot_stride_ * uint64_t(config_.n_slots)));
     slot_key_.assign(size_t(config_.n_slots), -1);
+    fill_fence_.assign(size_t(config_.n_slots), 0);
     for (const auto& t : tables) {
         if (t.home.size() != t.blobs.size() || t.blob_bytes != blob_bytes_)
             throw std::logic_error("expert cache: the weights are not placed yet");
@@ -34,8 +39,10 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
 }
 
 ExpertOffload::~ExpertOffload() {
-    // The model outlives the cache: its tables must not keep addresses of freed slots.
+    // The model outlives the cache: its tables must not keep addresses of freed slots, and no
+    // fill may still write into them.
     try {
+        if (transfers_) transfers_->drain();
         backend_.synchronize();
         point_home();
     } catch (...) {
@@ -43,10 +50,27 @@ ExpertOffload::~ExpertOffload() {
 }
 
 void ExpertOffload::reset() {
+    if (transfers_) transfers_->drain();
     backend_.synchronize();
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);
+    fill_fence_.assign(fill_fence_.size(), 0);
+    pending_.clear();
     point_home();
+}
+
+bool ExpertOffload::slot_pending(int64_t address) const {
+    const int64_t base = slot_address(0);
+    if (address < base || address >= base + int64_t(slot_stride_) * config_.n_slots) return false;
+    return fill_fence_[size_t((address - base) / int64_t(slot_stride_))] != 0;
+}
+
+void ExpertOffload::settle_fills() {
+    std::erase_if(pending_, [&](int32_t s) {
+        if (!transfers_->done(fill_fence_[size_t(s)])) return false;
+        fill_fence_[size_t(s)] = 0;
+        return true;
+    });
 }
 
 void ExpertOffload::point_home() {
@@ -122,7 +146,9 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
         }
     }
     ++stats_.steps;
-    if (changed.empty()) return;
+    const size_t pending_before = pending_.size();
+    if (transfers_) settle_fills();
+    if (changed.empty() && pending_.size() == pending_before) return;
 
     // Point every table entry at where its expert is now, then queue the fills and the table
     // uploads. The step that read the old slot contents has finished (the host has its logits)
@@ -130,11 +156,28 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
     // slot and its entries disagree.
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    // With a copy stream the fills start now, beside the next step: their slots stay out of
+    // the tables until their fence has passed (a later step's settle_fills).
+    if (transfers_ && !changed.empty()) {
+        for (int32_t s : changed) {
+            const int32_t key = slot_key_[size_t(s)];
+            transfers_->copy(reinterpret_cast<void*>(slot_address(s)), blob(key / E, key % E),
+                             size_t(blob_bytes_));
+            ++stats_.fills;
+            stats_.bytes_filled += blob_bytes_;
+        }
+        const uint64_t f = transfers_->fence();
+        for (int32_t s : changed) {
+            if (fill_fence_[size_t(s)] == 0) pending_.push_back(s);
+            fill_fence_[size_t(s)] = f;
+        }
+    }
     std::vector<char> layer_dirty(size_t(L), 0);
     for (int32_t l = 0; l < L; ++l) {
         for (int32_t e = 0; e < E; ++e) {
             const int32_t s = cache_->slot_of(l, e);
-            const int64_t want = s >= 0 ? slot_address(s) : home(l, e);
+            const bool ready = s >= 0 && fill_fence_[size_t(s)] == 0;
+            const int64_t want = ready ? slot_address(s) : home(l, e);
             int64_t& have = shadow_[size_t(l)][size_t(e)];
             if (have != want) {
                 have = want;
@@ -142,7 +185,7 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
             }
         }
     }
-    for (int32_t s : changed) {
+    for (int32_t s : transfers_ ? std::vector<int32_t>{} : changed) {
         const int32_t key = slot_key_[size_t(s)];
         const uint8_t* src = blob(key / E, key % E);
         backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(s)), src,

@@ -58,7 +58,12 @@ class ExpertOffload {
 public:
     // `config.n_layers` and `n_experts` are taken from the model; n_slots, policy, per_layer and
     // decay_half_life from `config`. Allocates the slot pool in backend memory.
-    ExpertOffload(const Deepseek2Model& model, mgl::backend& backend, routing::CacheConfig config);
+    // `transfers`: fill the slots on this queue (backend.make_transfer_queue(): a copy stream)
+    // so the next step does not wait for them; a filled slot's entries point at it only once
+    // its fence has passed, checked at each later step. Null: fills are queued on the
+    // backend's stream before the next step, which waits for them.
+    ExpertOffload(const Deepseek2Model& model, mgl::backend& backend, routing::CacheConfig config,
+                  std::unique_ptr<mgl::transfer_queue> transfers = nullptr);
     // Points the tables home again: the model runs on without the cache.
     ~ExpertOffload();
     ExpertOffload(const ExpertOffload&) = delete;
@@ -70,6 +75,11 @@ public:
 
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
     void after_step(const RoutingRecord& r);
+    // Slots whose fill has been queued on the transfer queue and not yet seen done.
+    int64_t pending_fills() const { return int64_t(pending_.size()); }
+    // Whether the slot at backend address `address` has a fill that has not landed yet.
+    bool slot_pending(int64_t address) const;
+    bool uses_copy_stream() const { return transfers_ != nullptr; }
 
     // Bytes one slot takes for experts of `blob_bytes` (the memory plan counts slots with it).
     static uint64_t slot_bytes_for(uint64_t blob_bytes);
@@ -90,6 +100,8 @@ public:
 
 private:
     void point_home();
+    // Forgets the fills whose fence has passed (their slots may be pointed at now).
+    void settle_fills();
 
     const WeightStore& store_;
     mgl::backend& backend_;
@@ -98,6 +110,9 @@ private:
     mgl::buffer_ptr slots_;
     uint64_t blob_bytes_ = 0;
     uint64_t slot_stride_ = 0;
+    std::unique_ptr<mgl::transfer_queue> transfers_;
+    std::vector<uint64_t> fill_fence_;          // per slot: the fence of its pending fill, 0: none
+    std::vector<int32_t> pending_;              // slots with a pending fill
     std::vector<int32_t> slot_key_;             // occupant of each slot
     std::vector<std::vector<int64_t>> shadow_;  // per MoE layer: what its table holds
     OffloadStats stats_;
