@@ -96,7 +96,10 @@ bench_model() {  # $1 = expert dtype
             > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
         local rc=$?
         kill $smi 2>/dev/null
-        say "offload 12GiB: rc=$rc, peak GPU memory of the process $(sort -n "$OUT/offload_12g_mem.txt" | tail -1) MiB (nvidia-smi; budget 12288 MiB); load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
+        local peak=$(sort -n "$OUT/offload_12g_mem.txt" | tail -1)
+        local verdict="within the budget"; [[ -n $peak && $peak -gt 12288 ]] && verdict="OVER THE BUDGET"
+        [[ -z $peak ]] && verdict="not sampled"
+        say "offload 12GiB: rc=$rc, peak GPU memory of the process ${peak:-?} MiB (nvidia-smi; budget 12288 MiB): $verdict; load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --sweep-slots 208 --sweep-admit all,frequency > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
