@@ -132,28 +132,31 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
         ->check(CLI::PositiveNumber);
 }
 
-std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
-    std::vector<Policy> policies;
-    for (const auto& name : split_list(o.policies)) {
+// Each name of a comma-separated flag value through `parse`; a bad or missing one is the
+// flag's one-line error.
+template <class T>
+std::vector<T> parse_names(const std::string& text, T (*parse)(const std::string&),
+                           const char* flag, const char* expected) {
+    std::vector<T> out;
+    for (const auto& name : split_list(text)) {
         try {
-            policies.push_back(parse_policy(name));
+            out.push_back(parse(name));
         } catch (const std::invalid_argument& e) {
-            throw UserError(std::string("--policy: ") + e.what());
+            throw UserError(std::string(flag) + ": " + e.what());
         }
     }
-    if (policies.empty()) throw UserError("--policy: expected at least one policy");
+    if (out.empty()) throw UserError(std::string(flag) + ": expected " + expected);
+    return out;
+}
+
+std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
+    const std::vector<Policy> policies =
+        parse_names(o.policies, parse_policy, "--policy", "at least one policy");
     std::vector<std::pair<std::string, int64_t>> slots;
     for (const auto& s : split_list(o.slots)) slots.emplace_back(s, parse_slots(s, tr));
     if (slots.empty()) throw UserError("--slots: expected at least one cache size");
-    std::vector<Admission> admissions;
-    for (const auto& name : split_list(o.admit)) {
-        try {
-            admissions.push_back(parse_admission(name));
-        } catch (const std::invalid_argument& e) {
-            throw UserError(std::string("--admit: ") + e.what());
-        }
-    }
-    if (admissions.empty()) throw UserError("--admit: expected all, frequency or both");
+    const std::vector<Admission> admissions =
+        parse_names(o.admit, parse_admission, "--admit", "all, frequency or both");
     std::vector<int32_t> next;
     std::vector<SweepRow> rows;
     for (bool per_layer : parse_pools(o.pools, o.per_layer)) {
