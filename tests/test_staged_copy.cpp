@@ -11,6 +11,7 @@
 
 #include "mgl.h"
 #include "model/staged_copy.h"
+#include "model/weight_store.h"
 
 TEST_CASE("staged copier: packed, spanning and parallel pieces arrive intact") {
     auto be = mgl::make_cpu_backend(1);
@@ -52,4 +53,22 @@ TEST_CASE("staged copier: the source may change once copy() returns") {
     std::fill(src.begin(), src.end(), uint8_t(0));  // staged already: must not reach dst
     copier.finish();
     CHECK(dst == expected);
+}
+
+TEST_CASE("host memory helpers: parallel_memcpy, anonymous memory, available memory") {
+    // parallel_memcpy: below and above its threshold, with more threads than pieces.
+    for (size_t n : {size_t(1000), size_t(9) << 20}) {
+        std::vector<uint8_t> src(n), dst(n, 0);
+        std::iota(src.begin(), src.end(), uint8_t(3));
+        minids::parallel_memcpy(dst.data(), src.data(), n, 5);
+        CHECK(dst == src);
+    }
+    minids::AnonymousMemory m(size_t(3) << 20);
+    REQUIRE(m.data() != nullptr);
+    m.data()[(size_t(3) << 20) - 1] = 42;  // writable to its last byte
+    CHECK(m.data()[(size_t(3) << 20) - 1] == 42);
+    // Linux reports MemAvailable; it is below the machine's memory and above nothing.
+    const uint64_t avail = minids::available_host_memory();
+    CHECK(avail > 0);
+    CHECK(avail < (uint64_t(1) << 50));
 }

@@ -25,6 +25,17 @@ uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
 
+uint64_t available_host_memory() {
+    FILE* f = std::fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    std::fclose(f);
+    return uint64_t(kib) * 1024;
+}
+
 AnonymousMemory::AnonymousMemory(size_t bytes) : n_(bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return;
@@ -118,7 +129,11 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     // A backend that computes in host memory (the CPU) reads the mapping as is.
     const char* env = std::getenv("MINIDS_EXPERT_STORE");
     const bool want_mapped = env && std::string(env) == "mapped";
-    if (!want_mapped && backend_.compute_memory() != mgl::memory_kind::host) {
+    // The copy is made only where the host has room for it beside everything else (the page
+    // cache holding the file can be reclaimed, the copy cannot): else the mapping is used.
+    const uint64_t available = available_host_memory();
+    const bool room = available == 0 || span + (uint64_t(2) << 30) <= available;
+    if (!want_mapped && room && backend_.compute_memory() != mgl::memory_kind::host) {
         expert_copy_ = std::make_unique<AnonymousMemory>(size_t(span));
         if (!expert_copy_->data()) expert_copy_.reset();  // no room: register the mapping
     }

@@ -30,6 +30,10 @@
 
 namespace minids {
 
+// Bytes of host memory available to a new allocation without swapping (MemAvailable of
+// /proc/meminfo); 0 when unknown.
+uint64_t available_host_memory();
+
 // Private anonymous memory (mmap), unmapped on destruction; data() is null when the system
 // refused.
 class AnonymousMemory {
