@@ -162,11 +162,14 @@ public:
                                    stream_.get()));
     }
     void download(const tensor& t, void* dst, size_t offset, size_t n) override {
+        download_async(t, dst, offset, n);
+        synchronize();
+    }
+    void download_async(const tensor& t, void* dst, size_t offset, size_t n) override {
         check_range(t, offset, n, "download from");
         use_device();
         CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const char*>(t.data) + offset, n,
                                    cudaMemcpyDefault, stream_.get()));
-        synchronize();
     }
     void copy_to_backend(void* dst, const void* src, size_t n) override {
         copy_to_backend_async(dst, src, n);

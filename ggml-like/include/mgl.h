@@ -396,6 +396,11 @@ public:
     virtual void upload(tensor& t, const void* src, size_t offset, size_t n) = 0;
     virtual void upload_async(tensor& t, const void* src, size_t offset, size_t n) = 0;
     virtual void download(const tensor& t, void* dst, size_t offset, size_t n) = 0;
+    // The same, returning at once: `dst` (best an alloc_host_buffer() buffer, else the copy may
+    // wait) holds the bytes after the next synchronize(). Several of them cost one wait.
+    virtual void download_async(const tensor& t, void* dst, size_t offset, size_t n) {
+        download(t, dst, offset, n);
+    }
     // Blocking bulk copy from host memory into backend memory (dst inside one of its buffers).
     virtual void copy_to_backend(void* dst, const void* src, size_t n) = 0;
     // The same, returning at once: `src` (best an alloc_host_buffer() buffer) must stay valid and

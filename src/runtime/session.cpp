@@ -175,17 +175,25 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
     r.prefill = prefill;
     r.k = model_.config().num_experts_per_tok;
     const size_t per_layer = size_t(T * r.k);
-    // The expert cache needs only the ids; the weights are fetched for a routing observer (each
-    // download waits for the device, so a step with only the cache saves one per MoE layer).
+    // The expert cache needs only the ids; the weights are fetched for a routing observer. All
+    // layers' downloads go into one pinned staging buffer and cost one wait for the device.
     const bool weights = bool(routing_observer_);
-    r.ids.resize(per_layer * ids.size());
-    if (weights) r.weights.resize(per_layer * ids.size());
+    const size_t n = per_layer * ids.size();
+    const size_t bytes = n * sizeof(int32_t) + (weights ? n * sizeof(float) : 0);
+    if (!routing_host_ || routing_host_->size() < bytes)
+        routing_host_ = backend_.alloc_host_buffer(std::max<size_t>(bytes, 4096));
+    auto* staged_ids = static_cast<int32_t*>(routing_host_->base());
+    auto* staged_wts = reinterpret_cast<float*>(staged_ids + n);
     for (size_t l = 0; l < ids.size(); ++l) {
-        backend_.download(*ids[l], r.ids.data() + l * per_layer, 0, per_layer * sizeof(int32_t));
+        backend_.download_async(*ids[l], staged_ids + l * per_layer, 0,
+                                per_layer * sizeof(int32_t));
         if (weights)
-            backend_.download(*wts[l], r.weights.data() + l * per_layer, 0,
-                              per_layer * sizeof(float));
+            backend_.download_async(*wts[l], staged_wts + l * per_layer, 0,
+                                    per_layer * sizeof(float));
     }
+    backend_.synchronize();
+    r.ids.assign(staged_ids, staged_ids + n);
+    if (weights) r.weights.assign(staged_wts, staged_wts + n);
     if (expert_cache_hook_) expert_cache_hook_(r);
     if (routing_observer_) routing_observer_(r);
 }
