@@ -120,6 +120,7 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
         const double link = row.at("tg_mib_over_link_per_token").get<double>();
         CHECK(filled >= 0.0);
         CHECK(link >= filled);  // the link carries the fills and the reads in place
+        CHECK(row.at("tg_link_floor_ts").get<double>() == 0.0);  // no host link on the CPU
     }
     std::vector<std::pair<int64_t, std::string>> expected;
     for (int64_t slots : {24, 60})

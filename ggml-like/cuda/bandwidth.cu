@@ -45,4 +45,40 @@ double cuda_copy_bandwidth_gbs() {
     return 2.0 * double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
 }
 
+double cuda_host_to_device_bandwidth_gbs() {
+    if (!cuda_available()) return 0.0;
+    const size_t bytes = size_t(256) << 20;
+    void *host = nullptr, *dev = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    std::vector<float> ms;
+    auto release = [&] {
+        if (host) cudaFreeHost(host);
+        if (dev) cudaFree(dev);
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+    };
+    try {
+        CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+        CUDA_CHECK(cudaMalloc(&dev, bytes));
+        std::fill_n(static_cast<char*>(host), bytes, char(1));
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        for (int i = 0; i < 10; ++i) {
+            CUDA_CHECK(cudaEventRecord(e0));
+            CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaEventRecord(e1));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            float t = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+            if (i >= 2) ms.push_back(t);
+        }
+    } catch (...) {
+        release();
+        throw;
+    }
+    release();
+    std::sort(ms.begin(), ms.end());
+    return double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
+}
+
 }  // namespace mgl

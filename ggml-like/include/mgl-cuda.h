@@ -66,6 +66,9 @@ std::unique_ptr<backend> make_cuda_backend(const cuda_options& options = {});
 // Device-to-device copy bandwidth of device 0 in GB/s (bytes read + written, median of repeats
 // over a 1 GiB buffer): the ceiling benchmarks report floors against. 0 without a device.
 double cuda_copy_bandwidth_gbs();
+// Pinned host-to-device copy bandwidth of device 0 in GB/s (median of repeats over 256 MiB):
+// the ceiling of an expert cache's traffic over the host link. 0 without a device.
+double cuda_host_to_device_bandwidth_gbs();
 
 // Debugging aids, read from the environment when a backend is made:
 //   MINIDS_CUDA_VERBOSE=1  one line per allocate() (launches, fusions, memory) and per capture;

@@ -57,6 +57,7 @@ struct PhaseRow {
     double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
     double mib_filled_per_token = 0.0;  // decode: copies into slots
     double mib_link_per_token = 0.0;    // decode: copies + reads in place over the host link
+    double link_floor_tok_s = 0.0;      // the host link's bandwidth / those bytes (0: unknown)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -108,7 +109,7 @@ std::string fmt(const char* f, double v) {
 
 // The expert cache's four phases with the cache attached to `session` now.
 void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
-                const InterruptHandler& interrupt, std::vector<PhaseRow>& phases) {
+                const InterruptHandler& interrupt, double link_gbs, std::vector<PhaseRow>& phases) {
     const ModelConfig& c = m.model->config();
     const int64_t np = std::max<int64_t>(o.n_prompt.front(), 1), ng = o.n_gen.front();
     ExpertOffload& cache = *m.expert_cache;
@@ -149,6 +150,8 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         const double per_token = ng > 0 ? 1.0 / double(ng) / 1048576.0 : 0.0;
         ph.mib_filled_per_token = double(decode.bytes_filled) * per_token;
         ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
+        if (link_gbs > 0.0 && ng > 0 && decode.bytes_over_link() > 0)
+            ph.link_floor_tok_s = link_gbs * 1e9 * double(ng) / double(decode.bytes_over_link());
         std::fprintf(stderr,
                      "minids bench: expert cache %lld slots %s admit %s, %-20s first token %.3f s, "
                      "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
@@ -241,6 +244,10 @@ int bench(BenchOptions o) {
     // tokens; once for the cache as loaded, or once per slot count x policy of the sweep.
     std::vector<PhaseRow> phases;
     if (m.expert_cache && !o.n_prompt.empty() && !o.n_gen.empty()) {
+        // The ceiling of the cache's traffic: pinned host-to-device copies.
+        const double link_gbs = gpu ? mgl::cuda_host_to_device_bandwidth_gbs() : 0.0;
+        if (gpu)
+            std::fprintf(stderr, "minids bench: host-to-device bandwidth %.1f GB/s\n", link_gbs);
         routing::CacheConfig base = m.expert_cache->config();
         std::vector<routing::CacheConfig> configs;
         const std::vector<int64_t> slot_list =
@@ -277,7 +284,7 @@ int bench(BenchOptions o) {
                 }
                 attach_expert_cache(m, session);
             }
-            run_phases(m, session, o, *interrupt, phases);
+            run_phases(m, session, o, *interrupt, link_gbs, phases);
         }
     }
     routing.write();
@@ -331,7 +338,8 @@ int bench(BenchOptions o) {
                            {"prompt_hit_rate", ph.prompt_hit_rate},
                            {"tg_hit_rate", ph.tg_hit_rate},
                            {"tg_mib_filled_per_token", ph.mib_filled_per_token},
-                           {"tg_mib_over_link_per_token", ph.mib_link_per_token}});
+                           {"tg_mib_over_link_per_token", ph.mib_link_per_token},
+                           {"tg_link_floor_ts", ph.link_floor_tok_s}});
         }
         std::printf("%s\n", out.dump(2).c_str());
     } else if (o.output == "csv") {
@@ -363,18 +371,19 @@ int bench(BenchOptions o) {
             std::printf("\nexpert cache: %s pool%s\n\n", cc.per_layer ? "per-layer" : "global",
                         cc.per_layer ? "s" : "");
             std::printf(
-                "| slots | policy | admit | phase | prompt | first token s | tg | tg t/s | hit "
-                "rate "
-                "prompt | hit rate tg | MiB filled / token | MiB over link / token |\n");
+                "| slots | policy | admit | phase | prompt | first token s | tg | tg t/s | link "
+                "floor t/s | hit rate prompt | hit rate tg | MiB filled / token | MiB over link / "
+                "token |\n");
             std::printf(
                 "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                "|\n");
+                "| ---: |\n");
             for (const PhaseRow& ph : phases)
                 std::printf(
-                    "| %lld | %s | %s | %s | %lld | %.3f | %lld | %.2f | %.3f | %.3f | %.1f | %.1f "
-                    "|\n",
+                    "| %lld | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | %.3f | %.1f | "
+                    "%.1f |\n",
                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.phase.c_str(),
                     (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen, ph.tg_tok_s,
+                    ph.link_floor_tok_s > 0 ? fmt("%.1f", ph.link_floor_tok_s).c_str() : "-",
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
                     ph.mib_link_per_token);
         }
