@@ -34,7 +34,7 @@ TEST_CASE("cli expert cache: the same text with most experts out of the cache, a
         CHECK(cached.out == plain.out);
         CHECK(cached.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
     }
-    // Frequency admission: fewer experts copied in, the same text.
+    // Frequency admission: the same text.
     std::vector<std::string> admit = base;
     admit.insert(admit.end(), {"--expert-cache-slots", "24", "--expert-cache-admit", "frequency"});
     const CliResult admitted = run_minids(admit);

@@ -33,7 +33,7 @@ struct BenchOptions {
     int reps = 5;
     std::string output = "md";
     RoutingFlags routing;
-    // The expert cache's sweep: the four phases once per slot count x policy.
+    // The expert cache's sweep: the four phases once per slot count x policy x admission.
     std::vector<int64_t> sweep_slots;
     std::vector<std::string> sweep_policies;
     std::vector<std::string> sweep_admit;
@@ -241,7 +241,7 @@ int bench(BenchOptions o) {
     }
     // With the expert cache: the four phases of issue 10 (cold or warm slots x a new prompt or a
     // reused prefix), each a prompt (or its last token, the prefix being cached) then n decoded
-    // tokens; once for the cache as loaded, or once per slot count x policy of the sweep.
+    // tokens; once for the cache as loaded, or once per setting of the sweep.
     std::vector<PhaseRow> phases;
     if (m.expert_cache && !o.n_prompt.empty() && !o.n_gen.empty()) {
         // The ceiling of the cache's traffic: pinned host-to-device copies.
@@ -270,18 +270,14 @@ int bench(BenchOptions o) {
                 }
             }
         }
+        const bool sweeping =
+            !o.sweep_slots.empty() || !o.sweep_policies.empty() || !o.sweep_admit.empty();
         for (const routing::CacheConfig& cc : configs) {
-            if (o.sweep_slots.size() + o.sweep_policies.size() + o.sweep_admit.size() > 0) {
+            if (sweeping) {
                 // A fresh cache per setting: the old one's slots are freed first.
                 m.expert_cache.reset();
-                try {
-                    m.expert_cache = std::make_unique<ExpertOffload>(
-                        *m.model, *m.backend, cc,
-                        o.model.expert_cache_copy_stream ? m.backend->make_transfer_queue()
-                                                         : nullptr);
-                } catch (const std::invalid_argument& e) {
-                    throw UserError(std::string("bench sweep: ") + e.what());
-                }
+                m.expert_cache =
+                    make_expert_cache(m, cc, o.model.expert_cache_copy_stream, "bench sweep: ");
                 attach_expert_cache(m, session);
             }
             run_phases(m, session, o, *interrupt, link_gbs, phases);

@@ -200,6 +200,17 @@ double gib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0 * 1024.0); 
 
 }  // namespace
 
+std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
+                                                 const routing::CacheConfig& config,
+                                                 bool copy_stream, const std::string& context) {
+    try {
+        return std::make_unique<ExpertOffload>(
+            *m.model, *m.backend, config, copy_stream ? m.backend->make_transfer_queue() : nullptr);
+    } catch (const std::invalid_argument& e) {  // its messages start "expert cache: "
+        throw UserError(context + e.what());
+    }
+}
+
 void attach_expert_cache(const LoadedModel& m, Session& session) {
     if (!m.expert_cache) return;
     ExpertOffload* cache = m.expert_cache.get();
@@ -385,13 +396,7 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     m.model = std::move(checked.model);
     m.tokenizer = std::move(checked.tokenizer);
     if (cache_config) {
-        try {
-            m.expert_cache = std::make_unique<ExpertOffload>(
-                *m.model, *m.backend, *cache_config,
-                flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr);
-        } catch (const std::invalid_argument& e) {
-            throw UserError(std::string("expert cache: ") + e.what());
-        }
+        m.expert_cache = make_expert_cache(m, *cache_config, flags.expert_cache_copy_stream, "");
         std::fprintf(stderr,
                      "minids %s: expert cache: %lld of %lld routed experts in slots (%s, %s "
                      "pool%s, admitting %s misses%s); the others are read over PCIe from host "

@@ -71,6 +71,11 @@ struct LoadedModel {
     std::unique_ptr<ExpertOffload> expert_cache;  // when the plan keeps experts in the mapping
 };
 
+// An expert cache over m's model and backend (fills on a copy stream when asked); a
+// configuration it refuses is a UserError, `context` put before its message.
+std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
+                                                 const routing::CacheConfig& config,
+                                                 bool copy_stream, const std::string& context);
 // Gives a session of `m` its expert cache bookkeeping (nothing without a cache).
 void attach_expert_cache(const LoadedModel& m, Session& session);
 // One line of the cache's counters for stderr ("" without a cache).

@@ -137,7 +137,8 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
         expert_copy_ = std::make_unique<AnonymousMemory>(size_t(span));
         if (!expert_copy_->data()) expert_copy_.reset();  // no room: register the mapping
     }
-    bool counted = false;  // progress reported for the span already
+    const uint8_t* store = lo;  // where the span is in host memory: the copy or the mapping
+    bool counted = false;       // progress reported for the span already
     if (expert_copy_) {
         auto* dst = expert_copy_->data();
         const unsigned threads = std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
@@ -150,20 +151,13 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
         counted = true;
         stamp("experts copied to anonymous memory");
         expert_registration_ = backend_.register_host(dst, size_t(span), true);
-        if (!expert_registration_) expert_copy_.reset();  // refused: try the mapping
-    }
-    if (expert_copy_) {
-        placement_.experts_in_place = placement_.experts_pinned = true;
-        auto* dst = expert_copy_->data();
-        for (ExpertTable& tb : tables_) {
-            for (const uint8_t*& b : tb.blobs) {
-                b = dst + (b - lo);  // the cache fills its slots from the pinned copy
-                addresses.push_back(int64_t(expert_registration_->device_address(b)));
-            }
+        if (expert_registration_) {
+            store = dst;
+        } else {
+            expert_copy_.reset();  // refused: register the mapping
         }
-        return;
     }
-    {
+    if (!expert_registration_) {
         // The experts stay in the mapping: register their span (read-only) so the backend's
         // kernels and copies address it directly.
         expert_registration_ = backend_.register_host(lo, size_t(span), true);
@@ -174,12 +168,16 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
                     " MiB of the mapped file for reading in place, and they could not be "
                     "copied to pinned memory either; a budget that holds every expert, or "
                     "--cpu, avoids it");
-        for (const ExpertTable& tb : tables_)
-            for (const uint8_t* b : tb.blobs)
-                addresses.push_back(int64_t(expert_registration_->device_address(b)));
         if (!counted) copied(span);
     }
+    for (ExpertTable& tb : tables_) {
+        for (const uint8_t*& b : tb.blobs) {
+            b = store + (b - lo);  // the cache fills its slots from the host store
+            addresses.push_back(int64_t(expert_registration_->device_address(b)));
+        }
+    }
     placement_.experts_in_place = true;
+    placement_.experts_pinned = expert_copy_ != nullptr;
 }
 
 void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress) {

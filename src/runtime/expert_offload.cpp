@@ -150,22 +150,27 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
     if (transfers_) settle_fills();
     if (changed.empty() && pending_.size() == pending_before) return;
 
-    // Point every table entry at where its expert is now, then queue the fills and the table
-    // uploads. The step that read the old slot contents has finished (the host has its logits)
-    // and the next step is launched after these on the same stream, so no kernel runs while a
-    // slot and its entries disagree.
+    // Queue the fills, point every table entry at where its expert is now and upload the
+    // changed tables. The step that read the old slot contents has finished (the host has its
+    // logits) and the next step is launched after these on the same stream, so no kernel runs
+    // while a slot and its entries disagree.
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-    // With a copy stream the fills start now, beside the next step: their slots stay out of
-    // the tables until their fence has passed (a later step's settle_fills).
-    if (transfers_ && !changed.empty()) {
-        for (int32_t s : changed) {
-            const int32_t key = slot_key_[size_t(s)];
-            transfers_->copy(reinterpret_cast<void*>(slot_address(s)), blob(key / E, key % E),
-                             size_t(blob_bytes_));
-            ++stats_.fills;
-            stats_.bytes_filled += blob_bytes_;
+    // The fills: on the copy stream they start now, beside the next step, and their slots stay
+    // out of the tables until their fence has passed (a later step's settle_fills); on the
+    // backend's stream they run before the table uploads and the next step.
+    for (int32_t s : changed) {
+        const int32_t key = slot_key_[size_t(s)];
+        auto* dst = reinterpret_cast<void*>(slot_address(s));
+        if (transfers_) {
+            transfers_->copy(dst, blob(key / E, key % E), size_t(blob_bytes_));
+        } else {
+            backend_.copy_to_backend_async(dst, blob(key / E, key % E), size_t(blob_bytes_));
         }
+        ++stats_.fills;
+        stats_.bytes_filled += blob_bytes_;
+    }
+    if (transfers_ && !changed.empty()) {
         const uint64_t f = transfers_->fence();
         for (int32_t s : changed) {
             if (fill_fence_[size_t(s)] == 0) pending_.push_back(s);
@@ -184,14 +189,6 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
                 layer_dirty[size_t(l)] = 1;
             }
         }
-    }
-    for (int32_t s : transfers_ ? std::vector<int32_t>{} : changed) {
-        const int32_t key = slot_key_[size_t(s)];
-        const uint8_t* src = blob(key / E, key % E);
-        backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(s)), src,
-                                       size_t(blob_bytes_));
-        ++stats_.fills;
-        stats_.bytes_filled += blob_bytes_;
     }
     for (int32_t l = 0; l < L; ++l) {
         if (!layer_dirty[size_t(l)]) continue;
