@@ -2,6 +2,7 @@
 // the engine-facing ExpertCache (per-layer slot numbering, prefetch).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "routing/expert_cache.h"
@@ -200,4 +201,77 @@ TEST_CASE("routing expert cache: configurations that cannot work are refused") {
     CHECK_NOTHROW(check_config(c, 6));
     CHECK(parse_admission("frequency") == Admission::frequency);
     CHECK_THROWS_AS(parse_admission("some"), std::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("routing policy: victims() lists the free slots, then the policy's ranking", P,
+                   LruPolicy, LfuPolicy, DecayPolicy, BeladyPolicy) {
+    std::mt19937 rng(11);
+    SlotPool<P> pool(8, 30);
+    for (int i = 0; i < 5; ++i) {  // 5 of 8 slots filled: 5, 6, 7 are free
+        AccessHint h;
+        h.next_use = int64_t(rng() % 100);
+        pool.access(int32_t(i), h, false);
+    }
+    std::vector<int32_t> v = pool.victims(4);
+    REQUIRE(v.size() == 4);
+    CHECK(v[0] == 5);
+    CHECK(v[1] == 6);
+    CHECK(v[2] == 7);
+    for (int step = 0; step < 400; ++step) {
+        AccessHint h;
+        h.next_use = int64_t(rng() % 1000);
+        pool.access(int32_t(rng() % 30), h, false);
+    }
+    // Full pool: the ranking is the order in which victim() picks slots when each pick is
+    // treated as pinned for the next one.
+    v = pool.victims(8);
+    REQUIRE(v.size() == 8);
+    std::vector<int32_t> expected;
+    for (int i = 0; i < 8; ++i) {
+        expected.push_back(pool.policy().victim([&](int32_t s) {
+            return std::find(expected.begin(), expected.end(), s) != expected.end();
+        }));
+    }
+    CHECK(v == expected);
+    CHECK(pool.victims(3) == std::vector<int32_t>(expected.begin(), expected.begin() + 3));
+}
+
+TEST_CASE("routing policy: place() records the engine's fills, bypass() counts a use") {
+    SlotPool<LfuPolicy> pool(3, 10);
+    CHECK(pool.victims(5) == std::vector<int32_t>{0, 1, 2});
+    CHECK_THROWS_AS(pool.place(4, 1), std::logic_error);  // free slots are taken in order
+    CHECK(pool.place(4, 0).outcome == AccessResult::miss);
+    pool.access(4, {}, false);  // count of 4: 2
+    CHECK(pool.place(5, 1).outcome == AccessResult::miss);
+    CHECK(pool.place(6, 2).outcome == AccessResult::miss);
+    CHECK_THROWS_AS(pool.place(5, 0), std::logic_error);  // 5 is resident
+    // 5 and 6 have one use each, 5 is older: evicted first, then 6, then 4.
+    CHECK(pool.victims(3) == std::vector<int32_t>{1, 2, 0});
+    const AccessResult r = pool.place(7, 2);  // the engine may take any listed slot
+    CHECK(r.outcome == AccessResult::miss_evicted);
+    CHECK(r.evicted == 6);
+    CHECK(pool.slot_of(6) == -1);
+    CHECK(pool.key_in(2) == 7);
+    CHECK(pool.access(7, {}, false).outcome == AccessResult::hit);
+    pool.bypass(9);
+    pool.bypass(9);
+    CHECK(pool.policy().count(9) == 2);
+    CHECK(pool.slot_of(9) == -1);
+}
+
+TEST_CASE("routing expert cache: the device fetch's interface needs one global pool") {
+    CacheConfig c;
+    c.policy = Policy::decay;
+    c.n_layers = 2;
+    c.n_experts = 4;
+    c.n_slots = 4;
+    auto global = make_expert_cache(c);
+    CHECK(global->victims(2) == std::vector<int32_t>{0, 1});
+    CHECK(global->place(1, 3, 0).slot == 0);
+    CHECK(global->slot_of(1, 3) == 0);
+    CHECK_THROWS_AS(global->place(1, 3, 4), std::out_of_range);
+    c.per_layer = true;
+    auto layered = make_expert_cache(c);
+    CHECK_THROWS_AS(layered->victims(2), std::logic_error);
+    CHECK_THROWS_AS(layered->place(0, 0, 0), std::logic_error);
 }

@@ -88,6 +88,18 @@ public:
         check(layer, expert);
         return pools_.slot_of(layer, expert);
     }
+    std::vector<int32_t> victims(int32_t n) const override { return pools_.victims(n); }
+    AccessResult place(int32_t layer, int32_t expert, int32_t slot,
+                       const AccessHint& hint) override {
+        check(layer, expert);
+        if (slot < 0 || slot >= config_.n_slots)
+            throw std::out_of_range("expert cache: slot " + std::to_string(slot) + " out of range");
+        return pools_.place(layer, expert, slot, hint);
+    }
+    void bypass(int32_t layer, int32_t expert, const AccessHint& hint) override {
+        check(layer, expert);
+        pools_.bypass(layer, expert, hint);
+    }
 
 private:
     void check(int32_t layer, int32_t expert) const {

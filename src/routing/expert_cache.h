@@ -104,6 +104,45 @@ public:
         for (int32_t s : pinned_) pins_[size_t(s)] = 0;
         pinned_.clear();
     }
+    // For an engine that fills slots on the device (the expert cache's device fetch): the next
+    // `n` slots this pool would fill, in that order: the free slots, then the policy's victims
+    // from the lowest ranked up. Pins are not consulted (such an engine pins nothing between
+    // steps; the device skips a victim whose expert the current layer uses).
+    std::vector<int32_t> victims(int32_t n) const {
+        std::vector<int32_t> out;
+        for (int32_t s = n_filled_; s < n_slots() && int32_t(out.size()) < n; ++s) out.push_back(s);
+        if (int32_t(out.size()) < n) const_cast<P&>(policy_).ranked(n - int32_t(out.size()), out);
+        return out;
+    }
+    // Records that the engine put `key` into `slot` (one of victims()' slots; a free one in
+    // their order), evicting its occupant: a miss, as access() would count it.
+    AccessResult place(int32_t key, int32_t slot, AccessHint hint = {}) {
+        if (slot_of_key_[size_t(key)] >= 0)
+            throw std::logic_error("expert cache: placing an expert that is resident");
+        AccessResult r;
+        if (key_of_slot_[size_t(slot)] < 0) {
+            if (slot != n_filled_)
+                throw std::logic_error("expert cache: free slots must be filled in order");
+            ++n_filled_;
+            r.outcome = AccessResult::miss;
+        } else {
+            r.outcome = AccessResult::miss_evicted;
+            r.evicted = key_of_slot_[size_t(slot)];
+            slot_of_key_[size_t(r.evicted)] = -1;
+        }
+        hint.now = now_++;
+        slot_of_key_[size_t(key)] = slot;
+        key_of_slot_[size_t(slot)] = key;
+        policy_.on_fill(slot, key, hint);
+        r.slot = slot;
+        return r;
+    }
+    // A use of a key that the engine kept out of the pool (read in place): counted by the
+    // policies that count uses, nothing moves.
+    void bypass(int32_t key, AccessHint hint = {}) {
+        hint.now = now_++;
+        policy_.on_bypass(key, hint);
+    }
     int32_t slot_of(int32_t key) const { return slot_of_key_[size_t(key)]; }
     int32_t key_in(int32_t slot) const { return key_of_slot_[size_t(slot)]; }
     bool pinned(int32_t slot) const { return pins_[size_t(slot)] != 0; }
@@ -202,6 +241,14 @@ public:
     void unpin_all() {
         for (auto& p : pools_) p.unpin_all();
     }
+    // Device fetch (SlotPool::victims / place / bypass): a global pool only.
+    std::vector<int32_t> victims(int32_t n) const { return global().victims(n); }
+    AccessResult place(int32_t layer, int32_t expert, int32_t slot, const AccessHint& h) {
+        return global().place(layer * n_experts_ + expert, slot, h);
+    }
+    void bypass(int32_t layer, int32_t expert, const AccessHint& h) {
+        global().bypass(layer * n_experts_ + expert, h);
+    }
     // Releases the pins of the pool that serves `layer` (all pins, for a global pool).
     void unpin_layer(int32_t layer) { pools_[pools_.size() == 1 ? 0 : size_t(layer)].unpin_all(); }
     int32_t slot_of(int32_t layer, int32_t expert) const {
@@ -211,6 +258,11 @@ public:
     }
 
 private:
+    SlotPool<P>& global() const {
+        if (pools_.size() != 1)
+            throw std::logic_error("expert cache: the device fetch needs one global pool");
+        return const_cast<SlotPool<P>&>(pools_[0]);
+    }
     int32_t n_experts_;
     std::vector<SlotPool<P>> pools_;
     std::vector<int32_t> offset_;
@@ -233,6 +285,13 @@ public:
     virtual void unpin_all() = 0;
     // The expert's slot, or -1 when it is not resident.
     virtual int32_t slot_of(int32_t layer, int32_t expert) const = 0;
+    // For an engine that fills slots on the device (one global pool only; see SlotPool): the
+    // next n slots to fill, in order; the record of a fill the engine made; a use it read in
+    // place without a slot.
+    virtual std::vector<int32_t> victims(int32_t n) const = 0;
+    virtual AccessResult place(int32_t layer, int32_t expert, int32_t slot,
+                               const AccessHint& hint = {}) = 0;
+    virtual void bypass(int32_t layer, int32_t expert, const AccessHint& hint = {}) = 0;
     const CacheConfig& config() const { return config_; }
 
 protected:

@@ -8,12 +8,16 @@
 //     // admission by rank (CacheConfig::admit == Admission::frequency): on a miss with a full
 //     // pool, whether `key` should replace the victim; when it says no it has counted the use
 //     bool admits(int32_t key, int32_t victim_slot, int32_t victim_key, const AccessHint& h);
+//     // for an engine that evicts on the device (the expert cache's device fetch):
+//     void ranked(int32_t n, std::vector<int32_t>& out);  // the n lowest-ranked slots, in order
+//     void on_bypass(int32_t key, const AccessHint& h);    // a use of a key kept out of the pool
 // with O(1) (LRU) or O(log n) (heap policies) work per call; victim also skips the pinned slots
 // it meets first, so it costs O(p) or O(p log p) more when p pinned slots rank lowest. A key is
 // layer · n_experts + expert; knowledge about keys (LFU counts, decayed scores) survives their
 // eviction. Time is counted in accesses of the pool (`AccessHint::now`).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -51,6 +55,10 @@ public:
         while (s >= 0 && is_pinned(s)) s = prev_[size_t(s)];
         return s;
     }
+    void ranked(int32_t n, std::vector<int32_t>& out) const {
+        for (int32_t s = tail_; s >= 0 && n > 0; s = prev_[size_t(s)], --n) out.push_back(s);
+    }
+    void on_bypass(int32_t, const AccessHint&) {}
 
 private:
     void move_to_front(int32_t s) {
@@ -127,6 +135,28 @@ public:
         return -1;
     }
 
+    // Appends the n lowest-ranked slots, lowest first: a best-first walk from the root with a
+    // small heap of candidates, O(n log n).
+    void lowest(int32_t n, std::vector<int32_t>& out) {
+        auto later = [this](int32_t a, int32_t b) {
+            return less(heap_[size_t(b)], heap_[size_t(a)]);
+        };
+        frontier_.clear();
+        if (!heap_.empty()) frontier_.push_back(0);
+        while (n > 0 && !frontier_.empty()) {
+            std::pop_heap(frontier_.begin(), frontier_.end(), later);
+            const int32_t i = frontier_.back();
+            frontier_.pop_back();
+            out.push_back(heap_[size_t(i)].slot);
+            --n;
+            for (int32_t c : {2 * i + 1, 2 * i + 2}) {
+                if (c >= int32_t(heap_.size())) continue;
+                frontier_.push_back(c);
+                std::push_heap(frontier_.begin(), frontier_.end(), later);
+            }
+        }
+    }
+
 private:
     struct Entry {
         double prio;
@@ -192,6 +222,10 @@ public:
         count_[size_t(key)] = c;
         return false;
     }
+    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void on_bypass(int32_t key, const AccessHint& h) {
+        if (h.use) ++count_[size_t(key)];
+    }
     uint64_t count(int32_t key) const { return count_[size_t(key)]; }
 
 private:
@@ -236,6 +270,10 @@ public:
         if (score_[size_t(key)] + use > score_[size_t(victim_key)]) return true;
         if (h.use) add_use(key, h);
         return false;
+    }
+    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void on_bypass(int32_t key, const AccessHint& h) {
+        if (h.use) add_use(key, h);
     }
     // The decayed count of a key at access `now` (for tests).
     double count(int32_t key, uint64_t now) const {
@@ -293,6 +331,8 @@ public:
     bool admits(int32_t, int32_t victim_slot, int32_t, const AccessHint& h) {
         return h.next_use < next_use_[size_t(victim_slot)];
     }
+    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void on_bypass(int32_t, const AccessHint&) {}
 
 private:
     void update(int32_t slot, const AccessHint& h) {
