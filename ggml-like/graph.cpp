@@ -13,6 +13,7 @@ tensor* alias_source(const tensor& t) {
     switch (t.op_kind) {
         case op::view:
         case op::kv_store:
+        case op::expert_fetch:
             return t.src[0];
         case op::cpy:
             return t.src[1];

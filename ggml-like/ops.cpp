@@ -266,6 +266,25 @@ void check_pages(const tensor* pages, const tensor* page_table, const char* op) 
 
 }  // namespace
 
+tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
+                     std::shared_ptr<const expert_layout> layout) {
+    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
+              "expert_fetch: table must be a contiguous i64 vector of blob addresses");
+    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
+              "expert_fetch: ids must be contiguous i32 [T, k]");
+    MGL_CHECK(state && state->type == dtype::i64 && state->is_contiguous() &&
+                  nbytes(*state) >= sizeof(expert_fetch_header),
+              "expert_fetch: state must be a contiguous i64 tensor holding an expert_fetch_header");
+    MGL_CHECK(layer >= 0, "expert_fetch: negative layer");
+    MGL_CHECK(layout && layout->blob_bytes > 0, "expert_fetch: needs the experts' layout");
+    tensor* t = c.new_node(op::expert_fetch, dtype::i64, dims_of(*table));
+    t->stride = table->stride;
+    t->src = {table, ids, state};
+    t->iparams[0] = layer;
+    t->experts = std::move(layout);
+    return t;
+}
+
 tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
                  tensor* positions) {
     check_pages(pages, page_table, "kv_store");

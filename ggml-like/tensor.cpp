@@ -103,6 +103,8 @@ const char* op_name(op o) {
             return "contiguous";
         case op::concat:
             return "concat";
+        case op::expert_fetch:
+            return "expert_fetch";
         case op::count:
             break;
     }

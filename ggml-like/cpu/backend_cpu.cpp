@@ -159,6 +159,8 @@ private:
                 return cpu::run_contiguous(ex, n);
             case op::concat:
                 return cpu::run_concat(ex, n);
+            case op::expert_fetch:
+                return cpu::run_expert_fetch(ex, n);
             case op::count:
                 break;
         }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "expert_fetch.h"
 #include "matmul.h"
 #include "mla.h"
 #include "moe.h"
@@ -223,6 +224,18 @@ launch_step mla_attn_step(const tensor& n, size_t& scratch) {
                     kn::mla_prefill(q, env.stream);
                 }
             }};
+}
+
+launch_step expert_fetch_step(const tensor& n) {
+    kn::ExpertFetchParams p;
+    p.state = static_cast<expert_fetch_header*>(n.src[2]->data);
+    p.table = static_cast<int64_t*>(n.src[0]->data);
+    p.ids = static_cast<const int32_t*>(n.src[1]->data);
+    p.n_ids = n.src[1]->nelements();
+    p.layer = n.iparams[0];
+    p.n_experts = int32_t(n.src[0]->shape[0]);
+    p.blob_bytes = int64_t(n.experts->blob_bytes);
+    return {"expert_fetch", &n, [p](const exec_env& env) { kn::expert_fetch(p, env.stream); }};
 }
 
 launch_step kv_store_step(const tensor& n) {
@@ -563,6 +576,10 @@ std::string cuda_unsupported_reason(const tensor& n) {
             }
             return "";
         }
+        case op::expert_fetch:
+            if (!contiguous_matrix(n.src[1], dtype::i32)) return "ids must be contiguous [T, k]";
+            if (n.src[0]->shape[0] > 1024) return "more than 1024 experts";
+            return "";
         case op::kv_store:
             if (!n.src[0]->is_contiguous() || !positions_ok(n.src[1]) || !positions_ok(n.src[4]))
                 return "pages, page table and positions must be contiguous";
@@ -637,6 +654,9 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 break;
             case op::kv_store:
                 out.steps.push_back(kv_store_step(*n));
+                break;
+            case op::expert_fetch:
+                out.steps.push_back(expert_fetch_step(*n));
                 break;
             case op::mla_attn:
                 out.steps.push_back(mla_attn_step(*n, scratch));

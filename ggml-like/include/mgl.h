@@ -78,25 +78,26 @@ void to_f32(dtype src_type, const void* src, float* dst, size_t n);
 // ops
 // ---------------------------------------------------------------------------------------------
 enum class op : uint8_t {
-    none,         // leaf: data provided by the caller (weights, inputs, KV pages)
-    view,         // alias of src[0] at view_offset with this tensor's shape/strides
-    get_rows,     // embedding lookup
-    matmul,       // y = x · Wᵀ (W f32/bf16/f8_e4m3 + per-row scale)
-    add,          // a + b, b broadcast over a's outer dims
-    mul,          // a * b, same broadcasting
-    scale,        // a * s
-    rms_norm,     // w * x / sqrt(mean(x²) + eps) over the innermost dim
-    rope,         // interleaved-pair rotary embedding (YaRN table)
-    softmax,      // softmax over innermost dim, optional scale / causal mask with offset
-    swiglu,       // silu(a) * b
-    moe_topk,     // expert selection (greedy / group-limited greedy) -> I32 ids
-    moe_weights,  // routing weights for selected ids
-    moe_experts,  // Σ_k w_k · Expert_{id_k}(x) (+ shared expert), experts from an address table
-    kv_store,     // write c and k_pe into the paged latent cache at the given positions
-    mla_attn,     // absorbed MLA attention over the paged latent cache, causal by position
-    cpy,          // copy/convert src[0] into dst layout (src[1]), returns src[1]'s alias
-    contiguous,   // copy into a fresh contiguous f32 tensor
-    concat,       // concatenate along a dim
+    none,          // leaf: data provided by the caller (weights, inputs, KV pages)
+    view,          // alias of src[0] at view_offset with this tensor's shape/strides
+    get_rows,      // embedding lookup
+    matmul,        // y = x · Wᵀ (W f32/bf16/f8_e4m3 + per-row scale)
+    add,           // a + b, b broadcast over a's outer dims
+    mul,           // a * b, same broadcasting
+    scale,         // a * s
+    rms_norm,      // w * x / sqrt(mean(x²) + eps) over the innermost dim
+    rope,          // interleaved-pair rotary embedding (YaRN table)
+    softmax,       // softmax over innermost dim, optional scale / causal mask with offset
+    swiglu,        // silu(a) * b
+    moe_topk,      // expert selection (greedy / group-limited greedy) -> I32 ids
+    moe_weights,   // routing weights for selected ids
+    moe_experts,   // Σ_k w_k · Expert_{id_k}(x) (+ shared expert), experts from an address table
+    kv_store,      // write c and k_pe into the paged latent cache at the given positions
+    mla_attn,      // absorbed MLA attention over the paged latent cache, causal by position
+    cpy,           // copy/convert src[0] into dst layout (src[1]), returns src[1]'s alias
+    contiguous,    // copy into a fresh contiguous f32 tensor
+    concat,        // concatenate along a dim
+    expert_fetch,  // the expert cache's device fetch: misses copied into slots before moe_experts
     count
 };
 const char* op_name(op o);
@@ -152,6 +153,26 @@ struct shared_expert {
     struct tensor* down = nullptr;
 };
 
+// The state expert_fetch shares with the host that drives an expert cache, at the start of a
+// buffer in the executing backend's memory (docs/expert-cache.md, "device fetch"). Addresses
+// are in that backend's memory; a key is moe_layer · n_experts + expert.
+struct expert_fetch_header {
+    // Set by the host before a step; advanced by the step's expert_fetch ops.
+    int64_t n_victims = 0;    // victims[0, n_victims) may be filled in this step, in that order
+    int64_t next_victim = 0;  // victims taken or skipped so far (the host zeroes it)
+    int64_t n_fills = 0;      // entries of fill_log written so far (the host zeroes it)
+    int64_t layer_fills = 0;  // the first fill of the layer being fetched
+    // Fixed while the cache exists.
+    int64_t n_layers = 0, n_experts = 0, n_slots = 0;
+    int64_t blob_bytes = 0;
+    int64_t slot_base = 0, slot_stride = 0;  // address of slot 0; bytes from one slot to the next
+    int64_t tables = 0;     // [n_layers] i64: the address of each MoE layer's expert table
+    int64_t homes = 0;      // [n_layers · n_experts] i64: where each expert lives off the slots
+    int64_t victims = 0;    // [n_slots] i32: slots the host offers, best victim first
+    int64_t slot_keys = 0;  // [n_slots] i32: the key of each slot's expert, or -1
+    int64_t fill_log = 0;   // [n_slots] pairs of i32 (key, slot), in the order they were filled
+};
+
 struct buffer;
 
 struct tensor {
@@ -165,7 +186,7 @@ struct tensor {
     std::array<int32_t, 8> iparams{};
     std::array<float, 8> fparams{};
     std::shared_ptr<const rope_params> rope;       // op::rope
-    std::shared_ptr<const expert_layout> experts;  // op::moe_experts
+    std::shared_ptr<const expert_layout> experts;  // op::moe_experts, op::expert_fetch
     size_t view_offset = 0;                        // op::view: byte offset into src[0]
     void* data = nullptr;   // resolved address (host or device, per the owning backend)
     buffer* buf = nullptr;  // owning buffer, or null for caller memory
@@ -211,7 +232,8 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // routed_scaling_factor. moe_experts: src = {x, ids, w, table, shared gate, shared up, shared
 // down}, experts (the layout). kv_store: src = {pages, page_table, kv_c, k_pe, positions}.
 // mla_attn: src = {q_lat, q_pe, pages, page_table, positions}, fparams[0] = scale.
-// cpy: src = {src, dst}. concat: iparams[0] = dim.
+// cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state},
+// iparams[0] = layer, experts (the layout).
 //
 // Values that change from one decode step to the next (token ids, positions, the page table, the
 // expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
@@ -245,6 +267,17 @@ tensor* moe_weights(context& c, tensor* probs, tensor* ids, const moe_route_para
 // compute time (the CPU checks; kernels clamp nothing and must not be given one).
 tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table,
                     std::shared_ptr<const expert_layout> layout, shared_expert shared = {});
+// The expert cache's device fetch for MoE layer `layer` (its index among the tables of
+// `state`, an i64 tensor whose memory starts with an expert_fetch_header). Every distinct
+// expert e of ids ([T, k] i32), in increasing order, whose table entry ([E] i64) is its home
+// (not a slot) takes the next victim slot the host offered, unless that slot holds an expert
+// this layer uses (then it is skipped and the next one is tried): the expert's blob is copied
+// from its home into the slot, its entry pointed at the slot, the slot's previous expert's entry
+// pointed home (in whichever layer's table), and (key, slot) appended to the fill log. With no
+// victim left the entry stays home and moe_experts reads the expert in place. Returns an alias
+// of `table` that moe_experts must take, which orders the fetch before the read.
+tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
+                     std::shared_ptr<const expert_layout> layout);
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
 // bf16: stored rounded to nearest even, read back to f32), and
@@ -305,10 +338,11 @@ alloc_plan plan_allocation(const graph& g, size_t alignment = 64,
                            std::span<const std::pair<tensor*, tensor*>> also_reads = {});
 
 struct buffer;
-// The tensor whose memory t aliases: src[0] for view and kv_store, src[1] (dst) for cpy; else null.
+// The tensor whose memory t aliases: src[0] for view, kv_store and expert_fetch, src[1] (dst) for
+// cpy; else null.
 tensor* alias_source(const tensor& t);
-// Point every planned node into `arena` and resolve alias nodes (view/kv_store/cpy) to their
-// source's address. Checks that every leaf has data. Backends call this inside allocate().
+// Point every planned node into `arena` and resolve alias nodes (view/kv_store/cpy/expert_fetch) to
+// their source's address. Checks that every leaf has data. Backends call this inside allocate().
 void apply_plan(graph& g, const alloc_plan& plan, buffer& arena);
 // Forget the placements of an earlier apply_plan into `arena` (views and planned nodes), so the
 // graph can be planned again.

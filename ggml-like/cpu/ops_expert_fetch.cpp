@@ -1,0 +1,56 @@
+// expert_fetch on the CPU: the expert cache's device fetch with host memory for "device" memory,
+// so the CPU tests run the same bookkeeping the CUDA kernels do (kernels/expert_fetch.cu).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+
+namespace mgl::cpu {
+
+void run_expert_fetch(exec_context&, tensor& node) {
+    auto* h = static_cast<expert_fetch_header*>(node.src[2]->data);
+    auto* table = static_cast<int64_t*>(node.src[0]->data);
+    const auto* ids = static_cast<const int32_t*>(node.src[1]->data);
+    const int64_t n_ids = node.src[1]->nelements();
+    const int64_t E = h->n_experts, layer = node.iparams[0];
+    MGL_CHECK(layer < h->n_layers && node.src[0]->shape[0] == E,
+              "expert_fetch: layer " + std::to_string(layer) + " or table " +
+                  std::to_string(node.src[0]->shape[0]) + " does not match the fetch state");
+    std::vector<char> used(size_t(E), 0);
+    for (int64_t i = 0; i < n_ids; ++i) {
+        MGL_CHECK(ids[i] >= 0 && ids[i] < E, "expert_fetch: expert id " + std::to_string(ids[i]) +
+                                                 " outside [0, " + std::to_string(E) + ")");
+        used[size_t(ids[i])] = 1;
+    }
+    const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
+    const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
+    auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
+    auto* fill_log = reinterpret_cast<int32_t*>(h->fill_log);
+    h->layer_fills = h->n_fills;
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t key = layer * E + e;
+        if (!used[size_t(e)] || table[e] != homes[key]) continue;  // unused, or in a slot
+        int32_t slot = -1;
+        while (slot < 0 && h->next_victim < h->n_victims) {
+            const int32_t v = victims[h->next_victim++];
+            const int32_t occupant = slot_keys[v];
+            // A slot this layer reads stays: its kernels run after this fetch.
+            if (occupant >= 0 && occupant / E == layer && used[size_t(occupant % E)]) continue;
+            slot = v;
+        }
+        if (slot < 0) return;  // no victim left: the rest are read in place
+        if (const int32_t occupant = slot_keys[slot]; occupant >= 0)
+            reinterpret_cast<int64_t*>(tables[occupant / E])[occupant % E] = homes[occupant];
+        auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
+        std::memcpy(dst, reinterpret_cast<const void*>(homes[key]), size_t(h->blob_bytes));
+        slot_keys[slot] = int32_t(key);
+        table[e] = reinterpret_cast<int64_t>(dst);
+        fill_log[2 * h->n_fills] = int32_t(key);
+        fill_log[2 * h->n_fills + 1] = slot;
+        ++h->n_fills;
+    }
+}
+
+}  // namespace mgl::cpu

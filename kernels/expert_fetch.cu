@@ -1,0 +1,157 @@
+// The expert cache's device fetch: plan (one block) and copy (one block per chunk of a fill).
+// The plan follows ggml-like/cpu/ops_expert_fetch.cpp exactly (same order, same skips) so the
+// host's replay of the fill log, and the CPU tests, describe what the GPU did.
+#include "cuda_check.h"
+#include "expert_fetch.h"
+
+namespace minids::kernels {
+namespace {
+
+constexpr int max_experts = 1024;
+constexpr int plan_threads = 256;
+constexpr int copy_threads = 256;
+constexpr int64_t copy_chunk = 128 << 10;  // bytes per copy block
+constexpr int copy_unroll = 8;             // 16-byte loads in flight per thread
+
+struct PlanShared {
+    uint32_t used[max_experts / 32];
+    uint8_t at_home[max_experts];  // per expert: used and its entry points home
+    int32_t misses[max_experts];   // experts to fetch, increasing
+    int32_t cand_slot[2 * max_experts];
+    int32_t cand_key[2 * max_experts];  // each candidate slot's expert, or -1
+    int32_t fill_slot[max_experts];     // per miss: its slot, or -1
+    int32_t fill_evicted[max_experts];  // per miss: the key it evicted, or -1
+    int32_t n_misses, n_cands, n_fills;
+    int64_t next_victim, first_fill;
+};
+
+__device__ __forceinline__ bool is_used(const PlanShared& s, int32_t e) {
+    return (s.used[e >> 5] >> (e & 31)) & 1u;
+}
+
+__global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchParams p) {
+    __shared__ PlanShared s;
+    mgl::expert_fetch_header* h = p.state;
+    const int tid = int(threadIdx.x);
+    const int E = p.n_experts;
+    const int64_t layer = p.layer;
+    const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    for (int i = tid; i < max_experts / 32; i += plan_threads) s.used[i] = 0;
+    __syncthreads();
+    for (int64_t i = tid; i < p.n_ids; i += plan_threads) {
+        const int32_t e = p.ids[i];
+        if (e >= 0 && e < E) atomicOr(&s.used[e >> 5], 1u << (e & 31));
+    }
+    __syncthreads();
+    // Which used experts are home (to fetch): their table entry against their home address.
+    for (int e = tid; e < E; e += plan_threads)
+        s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] ? 1 : 0;
+    __syncthreads();
+    if (tid == 0) {
+        int m = 0, n_used = 0;
+        for (int e = 0; e < E; ++e) {
+            n_used += is_used(s, e);
+            if (s.at_home[e]) s.misses[m++] = e;
+        }
+        s.n_misses = m;
+        s.next_victim = h->next_victim;
+        s.first_fill = h->n_fills;
+        // Each skipped victim holds a distinct used expert, so m + n_used candidates suffice.
+        const int64_t left = h->n_victims - s.next_victim, enough = m + n_used;
+        s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
+    }
+    __syncthreads();
+    const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
+    auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
+    for (int i = tid; i < s.n_cands; i += plan_threads) {
+        const int32_t v = victims[s.next_victim + i];
+        s.cand_slot[i] = v;
+        s.cand_key[i] = slot_keys[v];
+    }
+    __syncthreads();
+    if (tid == 0) {  // match misses to candidates in order, skipping slots this layer reads
+        int c = 0, f = 0;
+        for (; f < s.n_misses; ++f) {
+            int32_t slot = -1, key = -1;
+            while (slot < 0 && c < s.n_cands) {
+                const int32_t k = s.cand_key[c], v = s.cand_slot[c];
+                ++c;
+                if (k >= 0 && k / E == layer && is_used(s, k % E)) continue;
+                slot = v;
+                key = k;
+            }
+            if (slot < 0) break;
+            s.fill_slot[f] = slot;
+            s.fill_evicted[f] = key;
+        }
+        s.n_fills = f;
+        h->next_victim = s.next_victim + c;
+        h->layer_fills = s.first_fill;
+        h->n_fills = s.first_fill + f;
+    }
+    __syncthreads();
+    const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
+    auto* fill_log = reinterpret_cast<int32_t*>(h->fill_log);
+    for (int f = tid; f < s.n_fills; f += plan_threads) {
+        const int32_t e = s.misses[f], slot = s.fill_slot[f], evicted = s.fill_evicted[f];
+        const int32_t key = int32_t(layer * E + e);
+        if (evicted >= 0)
+            reinterpret_cast<int64_t*>(tables[evicted / E])[evicted % E] = homes[evicted];
+        slot_keys[slot] = key;
+        p.table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
+        fill_log[2 * (s.first_fill + f)] = key;
+        fill_log[2 * (s.first_fill + f) + 1] = slot;
+    }
+}
+
+// Block (chunk, j): chunk `blockIdx.x` of the layer's j-th fill, if the plan made one.
+__global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
+    const mgl::expert_fetch_header* h = p.state;
+    const int64_t f = h->layer_fills + blockIdx.y;
+    if (f >= h->n_fills) return;
+    const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
+    const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+    const int64_t begin = int64_t(blockIdx.x) * copy_chunk;
+    const int64_t n = min(copy_chunk, h->blob_bytes - begin);
+    if (n <= 0) return;
+    const auto* src =
+        reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]) + begin;
+    auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride) + begin;
+    const bool vec =
+        ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+    const int64_t n16 = vec ? n / 16 : 0;
+    const auto* s4 = reinterpret_cast<const uint4*>(src);
+    auto* d4 = reinterpret_cast<uint4*>(dst);
+    // Many 16-byte loads in flight per thread: the source is host memory across PCIe, whose
+    // latency only parallelism hides.
+    for (int64_t i = threadIdx.x; i < n16; i += int64_t(copy_threads) * copy_unroll) {
+        uint4 r[copy_unroll];
+#pragma unroll
+        for (int u = 0; u < copy_unroll; ++u) {
+            const int64_t j = i + int64_t(u) * copy_threads;
+            if (j < n16) r[u] = s4[j];
+        }
+#pragma unroll
+        for (int u = 0; u < copy_unroll; ++u) {
+            const int64_t j = i + int64_t(u) * copy_threads;
+            if (j < n16) d4[j] = r[u];
+        }
+    }
+    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += copy_threads) dst[i] = src[i];
+}
+
+}  // namespace
+
+void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
+    if (!p.state || !p.table || !p.ids || p.n_ids < 1 || p.n_experts < 1 ||
+        p.n_experts > max_experts || p.blob_bytes < 1 || p.layer < 0)
+        ::mgl::fail(__FILE__, __LINE__, "expert_fetch: parameters out of range");
+    fetch_plan_kernel<<<1, plan_threads, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    const int64_t most_fills = p.n_ids < p.n_experts ? p.n_ids : p.n_experts;
+    const dim3 grid(unsigned((p.blob_bytes + copy_chunk - 1) / copy_chunk), unsigned(most_fills));
+    fetch_copy_kernel<<<grid, copy_threads, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace minids::kernels

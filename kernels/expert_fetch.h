@@ -1,0 +1,34 @@
+// The expert cache's device fetch (mgl::expert_fetch, docs/expert-cache.md): before a MoE layer's
+// experts run, the layer's selected experts that are not in a slot are copied from host memory
+// (registered, read by the GPU over PCIe) into victim slots the host offered, and the tables are
+// rewritten to match, all inside the step's CUDA graph: the host never waits on the routing.
+//
+// Two launches: a one-block plan (which expert goes to which victim, the table entries, the fill
+// log; the rules are mgl.h's expert_fetch and ggml-like/cpu/ops_expert_fetch.cpp, the CPU
+// reference) and a wide copy whose blocks each move one chunk of one planned fill. State lives
+// in device memory (mgl::expert_fetch_header and the arrays it points at); nothing here reads a
+// device value on the host, so both launches can be captured once and replayed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mgl.h"
+
+namespace minids::kernels {
+
+struct ExpertFetchParams {
+    mgl::expert_fetch_header* state = nullptr;  // device memory
+    int64_t* table = nullptr;                   // this MoE layer's table [n_experts]
+    const int32_t* ids = nullptr;               // [n_ids] (T · k)
+    int64_t n_ids = 0;
+    int32_t layer = 0;
+    int32_t n_experts = 0;   // at most 1024
+    int64_t blob_bytes = 0;  // equals state->blob_bytes; sizes the copy grid
+};
+
+// Plans and copies; throws mgl::error on parameters out of range.
+void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream);
+
+}  // namespace minids::kernels
