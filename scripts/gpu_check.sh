@@ -2,7 +2,7 @@
 # Everything minids checks on a GPU machine, in one call, ending with one summary line per check:
 # the GPU test cases, the whole suite, GPU vs CPU on the demo model, the synthetic V2-Lite
 # benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token;
-# FP8 also with the expert cache at a 12 GiB budget and at 208 slots),
+# FP8 also with the expert cache at a 12 GiB budget and at 208 slots, host and device fetch),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
@@ -92,7 +92,7 @@ bench_model() {  # $1 = expert dtype
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
         MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
-            --sweep-admit all,frequency \
+            --sweep-fetch host,device \
             > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
         local rc=$?
         kill $smi 2>/dev/null
@@ -101,13 +101,13 @@ bench_model() {  # $1 = expert dtype
         [[ -z $peak ]] && verdict="not sampled"
         say "offload 12GiB: rc=$rc, peak GPU memory of the process ${peak:-?} MiB (nvidia-smi; budget 12288 MiB): $verdict; load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
-            --sweep-slots 208 --sweep-admit all,frequency > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
+            --sweep-slots 208 --sweep-fetch host,device > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
-        # The same 12 GiB plan with the fills on a copy stream beside the steps (new).
+        # The host fetch's best setting so far: fills on a copy stream, frequency admission.
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
-            --expert-cache-copy-stream --sweep-admit all,frequency \
+            --expert-cache-copy-stream --expert-cache-admit frequency \
             > "$OUT/bench_offload_12g_cs.md" 2> "$OUT/bench_offload_12g_cs.log"
-        say "offload 12GiB, copy stream: rc=$?"
+        say "offload 12GiB, copy stream + frequency admission: rc=$?"
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done

@@ -42,6 +42,15 @@ TEST_CASE("cli expert cache: the same text with most experts out of the cache, a
     CHECK(admitted.status == 0);
     CHECK(admitted.out == plain.out);
     CHECK(admitted.err.find("admitting frequent misses") != std::string::npos);
+    // The device fetch (misses copied into slots by the step itself): the same text.
+    std::vector<std::string> device = base;
+    device.insert(device.end(), {"--expert-cache-slots", "24", "--expert-cache-fetch", "device"});
+    const CliResult fetched = run_minids(device);
+    INFO("stderr: " << fetched.err);
+    CHECK(fetched.status == 0);
+    CHECK(fetched.out == plain.out);
+    CHECK(fetched.err.find("misses fetched into slots by the step") != std::string::npos);
+    CHECK(fetched.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
     std::vector<std::string> per_layer = base;
     per_layer.insert(per_layer.end(),
                      {"--expert-cache-slots", "20", "--expert-cache-pools", "per-layer"});
@@ -109,6 +118,22 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
         if (row.contains("admit")) admits.push_back(row.at("admit").get<std::string>());
     CHECK(admits == std::vector<std::string>{"all", "all", "all", "all", "frequency", "frequency",
                                              "frequency", "frequency"});
+    // Fetch modes: device is skipped with frequency admission (it admits every miss).
+    const CliResult fe = run_minids(
+        {"bench", "-m", demo(), "--cpu", "--sweep-slots", "24", "--sweep-admit", "all,frequency",
+         "--sweep-fetch", "host,device", "-p", "16", "-n", "4", "-r", "1", "-o", "json"});
+    INFO("stderr: " << fe.err);
+    REQUIRE(fe.status == 0);
+    std::vector<std::string> fetches;
+    for (const auto& row : nlohmann::json::parse(fe.out))
+        if (row.contains("fetch"))
+            fetches.push_back(row.at("admit").get<std::string>() + "/" +
+                              row.at("fetch").get<std::string>());
+    std::vector<std::string> expected_fetches;
+    for (const char* f : {"all/host", "all/device", "frequency/host"})
+        for (int i = 0; i < 4; ++i) expected_fetches.push_back(f);
+    CHECK(fetches == expected_fetches);
+    CHECK(fe.err.find("skipping it with admission frequency") != std::string::npos);
     INFO("stderr: " << r.err);
     REQUIRE(r.status == 0);
     // Four phases for each of the four settings, in slot-major order, each with its counters.

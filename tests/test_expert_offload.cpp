@@ -224,3 +224,86 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
         CHECK(offload.pending_fills() == 0);
     }
 }
+
+TEST_CASE("expert offload, device fetch: misses fetched into slots by the step change nothing") {
+    // The CPU backend runs mgl::expert_fetch with host memory as "device" memory: the same
+    // plan as the CUDA kernels, the tables rewritten inside the graph, the host's replay of the
+    // fill log checked against the tables and slots after every step.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel cached = open_test_model(path);
+    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    Session ref(*plain.model, *plain.backend, SessionParams{});
+    const std::vector<float> ref_prompt = ref.eval(prompt, true);
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> ref_steps;
+    const int64_t V = plain.model->config().vocab_size;
+    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
+    for (int i = 0; i < 24; ++i) {
+        tokens.push_back(argmax(last));
+        const int32_t one[1] = {tokens.back()};
+        last = ref.eval(one);
+        ref_steps.push_back(last);
+    }
+    // 8 slots: fewer than a step's misses, so some are read in place (the victims run out).
+    for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(12)},
+                                        {routing::Policy::lru, int64_t(24)},
+                                        {routing::Policy::lfu, int64_t(8)}}) {
+        CAPTURE(std::string(routing::policy_name(policy)));
+        CAPTURE(slots);
+        routing::CacheConfig cfg;
+        cfg.policy = policy;
+        cfg.n_slots = slots;
+        ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+        REQUIRE(offload.uses_device_fetch());
+        Session s(*cached.model, *cached.backend, SessionParams{});
+        offload.attach(s);
+        routing::RoutingTrace trace = empty_trace(*cached.model);
+        s.set_routing_observer([&](const RoutingRecord& r) {
+            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
+        });
+        s.set_expert_cache_hook([&](const RoutingRecord& r) {
+            offload.after_step(r);
+            check_tables(offload, *cached.model);
+        });
+        CHECK(s.eval(prompt, true) == ref_prompt);
+        bool all_equal = true;
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            const int32_t one[1] = {tokens[i]};
+            all_equal = all_equal && s.eval(one) == ref_steps[i];
+        }
+        CHECK(all_equal);
+        const OffloadStats& st = offload.stats();
+        CHECK(st.steps == 1 + int64_t(tokens.size()));
+        CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
+        CHECK(st.fills > slots);  // slots were refilled
+        CHECK(st.hits > 0);
+        if (slots == 8) CHECK(st.reads_in_place > 0);
+        MESSAGE("device fetch, " << std::string(routing::policy_name(policy)) << " " << slots
+                                 << " slots: " << st.hits << " hits of " << st.accesses << ", "
+                                 << st.fills << " fills, " << st.reads_in_place
+                                 << " reads in place");
+        // A cold cache again: every entry home, and the run repeats with the same logits.
+        offload.reset();
+        check_tables(offload, *cached.model);
+        s.truncate(0);
+        CHECK(s.eval(prompt, true) == ref_prompt);
+    }
+}
+
+TEST_CASE("expert offload, device fetch: configurations it cannot serve are refused") {
+    TestModel m = open_test_model((models_dir() / "demo.mds").string());
+    routing::CacheConfig cfg;
+    cfg.policy = routing::Policy::decay;
+    cfg.n_slots = 24;
+    cfg.per_layer = true;
+    CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true), std::invalid_argument);
+    cfg.per_layer = false;
+    cfg.admit = routing::Admission::frequency;
+    CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true), std::invalid_argument);
+    cfg.admit = routing::Admission::all;
+    CHECK_THROWS_AS(
+        ExpertOffload(*m.model, *m.backend, cfg, m.backend->make_transfer_queue(), true),
+        std::invalid_argument);
+    CHECK_NOTHROW(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true));
+}

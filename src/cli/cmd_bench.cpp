@@ -37,6 +37,7 @@ struct BenchOptions {
     std::vector<int64_t> sweep_slots;
     std::vector<std::string> sweep_policies;
     std::vector<std::string> sweep_admit;
+    std::vector<std::string> sweep_fetch;
 };
 
 struct BenchRow {
@@ -52,6 +53,7 @@ struct PhaseRow {
     std::string phase;
     int64_t slots = 0;
     std::string policy, admit;
+    std::string fetch;  // device, host, or host with a copy stream
     int64_t n_prompt = 0, n_gen = 0;
     double ttft_s = 0.0, tg_tok_s = 0.0;
     double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
@@ -125,6 +127,9 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.slots = cc.n_slots;
         ph.policy = routing::policy_name(cc.policy);
         ph.admit = routing::admission_name(cc.admit);
+        ph.fetch = cache.uses_device_fetch()  ? "device"
+                   : cache.uses_copy_stream() ? "host, copy stream"
+                                              : "host";
         const auto prompt =
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);
@@ -152,13 +157,14 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
         if (link_gbs > 0.0 && ng > 0 && decode.bytes_over_link() > 0)
             ph.link_floor_tok_s = link_gbs * 1e9 * double(ng) / double(decode.bytes_over_link());
-        std::fprintf(stderr,
-                     "minids bench: expert cache %lld slots %s admit %s, %-20s first token %.3f s, "
-                     "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
-                     "%.1f MiB over the link per token\n",
-                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), name, ph.ttft_s,
-                     ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
-                     ph.mib_link_per_token);
+        std::fprintf(
+            stderr,
+            "minids bench: expert cache %lld slots %s admit %s fetch %s, %-20s first token %.3f s, "
+            "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
+            "%.1f MiB over the link per token\n",
+            (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), name,
+            ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
+            ph.mib_link_per_token);
         phases.push_back(ph);
     }
 }
@@ -180,12 +186,14 @@ int bench(BenchOptions o) {
         // The plan must hold the largest pool of the sweep.
         o.model.expert_cache_slots = *std::max_element(o.sweep_slots.begin(), o.sweep_slots.end());
     }
-    if ((!o.sweep_policies.empty() || !o.sweep_admit.empty()) && !o.model.expert_cache_requested())
+    const bool sweep_settings =
+        !o.sweep_policies.empty() || !o.sweep_admit.empty() || !o.sweep_fetch.empty();
+    if (sweep_settings && !o.model.expert_cache_requested())
         throw UserError(
-            "--sweep-policies and --sweep-admit need the expert cache: add --vram-budget, "
-            "--expert-cache-slots or --sweep-slots");
+            "--sweep-policies, --sweep-admit and --sweep-fetch need the expert cache: add "
+            "--vram-budget, --expert-cache-slots or --sweep-slots");
     LoadedModel m = load_model(o.model, "bench");
-    if (!m.expert_cache && (!o.sweep_policies.empty() || !o.sweep_admit.empty()))
+    if (!m.expert_cache && sweep_settings)
         std::fprintf(stderr, "minids bench: every expert fits the budget: no cache to sweep\n");
     const ModelConfig& c = m.model->config();
     const bool gpu = std::string(m.backend->name()) != "cpu";
@@ -249,7 +257,7 @@ int bench(BenchOptions o) {
         if (gpu)
             std::fprintf(stderr, "minids bench: host-to-device bandwidth %.1f GB/s\n", link_gbs);
         routing::CacheConfig base = m.expert_cache->config();
-        std::vector<routing::CacheConfig> configs;
+        std::vector<std::pair<routing::CacheConfig, std::string>> configs;  // with the fetch
         const std::vector<int64_t> slot_list =
             o.sweep_slots.empty() ? std::vector<int64_t>{base.n_slots} : o.sweep_slots;
         const std::vector<std::string> policy_list =
@@ -258,6 +266,9 @@ int bench(BenchOptions o) {
         const std::vector<std::string> admit_list =
             o.sweep_admit.empty() ? std::vector<std::string>{routing::admission_name(base.admit)}
                                   : o.sweep_admit;
+        const std::vector<std::string> fetch_list =
+            o.sweep_fetch.empty() ? std::vector<std::string>{o.model.expert_cache_fetch}
+                                  : o.sweep_fetch;
         for (int64_t n : slot_list) {
             for (const std::string& p : policy_list) {
                 for (const std::string& a : admit_list) {
@@ -266,18 +277,28 @@ int bench(BenchOptions o) {
                     cc.n_slots =
                         int32_t(std::min<int64_t>(n, int64_t(base.n_layers) * base.n_experts));
                     cc.policy = routing::parse_policy(p);
-                    configs.push_back(cc);
+                    for (const std::string& f : fetch_list) {
+                        if (f == "device" && cc.admit != routing::Admission::all) {
+                            std::fprintf(stderr,
+                                         "minids bench: sweep: the device fetch admits every "
+                                         "miss; skipping it with admission %s\n",
+                                         a.c_str());
+                            continue;
+                        }
+                        configs.push_back({cc, f});
+                    }
                 }
             }
         }
-        const bool sweeping =
-            !o.sweep_slots.empty() || !o.sweep_policies.empty() || !o.sweep_admit.empty();
-        for (const routing::CacheConfig& cc : configs) {
+        const bool sweeping = !o.sweep_slots.empty() || sweep_settings;
+        for (const auto& [cc, fetch] : configs) {
             if (sweeping) {
                 // A fresh cache per setting: the old one's slots are freed first.
                 m.expert_cache.reset();
-                m.expert_cache =
-                    make_expert_cache(m, cc, o.model.expert_cache_copy_stream, "bench sweep: ");
+                ModelFlags flags = o.model;
+                flags.expert_cache_fetch = fetch;
+                if (fetch == "device") flags.expert_cache_copy_stream = false;
+                m.expert_cache = make_expert_cache(m, cc, flags, "bench sweep: ");
                 attach_expert_cache(m, session);
             }
             run_phases(m, session, o, *interrupt, link_gbs, phases);
@@ -329,6 +350,7 @@ int bench(BenchOptions o) {
                            {"slots", ph.slots},
                            {"policy", ph.policy},
                            {"admit", ph.admit},
+                           {"fetch", ph.fetch},
                            {"ttft_s", ph.ttft_s},
                            {"tg_ts", ph.tg_tok_s},
                            {"prompt_hit_rate", ph.prompt_hit_rate},
@@ -367,18 +389,22 @@ int bench(BenchOptions o) {
             std::printf("\nexpert cache: %s pool%s\n\n", cc.per_layer ? "per-layer" : "global",
                         cc.per_layer ? "s" : "");
             std::printf(
-                "| slots | policy | admit | phase | prompt | first token s | tg | tg t/s | link "
+                "| slots | policy | admit | fetch | phase | prompt | first token s | tg | tg t/s | "
+                "link "
                 "floor t/s | hit rate prompt | hit rate tg | MiB filled / token | MiB over link / "
                 "token |\n");
             std::printf(
-                "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+                "---: "
                 "| ---: |\n");
             for (const PhaseRow& ph : phases)
                 std::printf(
-                    "| %lld | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | %.3f | %.1f | "
+                    "| %lld | %s | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | %.3f | "
+                    "%.1f | "
                     "%.1f |\n",
-                    (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.phase.c_str(),
-                    (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen, ph.tg_tok_s,
+                    (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(),
+                    ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen,
+                    ph.tg_tok_s,
                     ph.link_floor_tok_s > 0 ? fmt("%.1f", ph.link_floor_tok_s).c_str() : "-",
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
                     ph.mib_link_per_token);
@@ -428,6 +454,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                     "separated (all, frequency)")
         ->delimiter(',')
         ->check(CLI::IsMember({"all", "frequency"}));
+    cmd->add_option("--sweep-fetch", opts->sweep_fetch,
+                    "expert cache: run the four offload phases once per fetch mode, comma-"
+                    "separated (host, device; device only with admission all)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"host", "device"}));
     cmd->add_option("--sweep-policies", opts->sweep_policies,
                     "expert cache: run the four offload phases once per policy, comma-separated "
                     "(lru, lfu, decay)")

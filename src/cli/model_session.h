@@ -47,6 +47,7 @@ struct ModelFlags {
     std::string expert_cache_pools = "global";  // --expert-cache-pools global|per-layer
     std::string expert_cache_admit = "all";     // --expert-cache-admit all|frequency
     bool expert_cache_copy_stream = false;      // --expert-cache-copy-stream
+    std::string expert_cache_fetch = "auto";    // --expert-cache-fetch auto|host|device
     bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 
@@ -71,11 +72,12 @@ struct LoadedModel {
     std::unique_ptr<ExpertOffload> expert_cache;  // when the plan keeps experts in the mapping
 };
 
-// An expert cache over m's model and backend (fills on a copy stream when asked); a
-// configuration it refuses is a UserError, `context` put before its message.
+// An expert cache over m's model and backend (fills on a copy stream or inside the step, as the
+// flags ask); a configuration it refuses is a UserError, `context` put before its message.
 std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
                                                  const routing::CacheConfig& config,
-                                                 bool copy_stream, const std::string& context);
+                                                 const ModelFlags& flags,
+                                                 const std::string& context);
 // Gives a session of `m` its expert cache bookkeeping (nothing without a cache).
 void attach_expert_cache(const LoadedModel& m, Session& session);
 // One line of the cache's counters for stderr ("" without a cache).

@@ -321,8 +321,13 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
     }
     // Σ_k w_k · Expert_k(x) + Shared(x), the shared expert being absent when ffn_gate is null.
     const mgl::shared_expert shared{L.ffn_gate, L.ffn_up, L.ffn_down};
-    return named(mgl::moe_experts(ctx, x, ids, w, L.expert_table, expert_layout_, shared),
-                 "ffn_out", il);  // [T, D]
+    mgl::tensor* table = L.expert_table;
+    if (batch.expert_fetch)
+        table = named(
+            mgl::expert_fetch(ctx, table, ids, batch.expert_fetch, int(moe_index), expert_layout_),
+            "expert_fetch", il);
+    return named(mgl::moe_experts(ctx, x, ids, w, table, expert_layout_, shared), "ffn_out",
+                 il);  // [T, D]
 }
 
 ForwardResult Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatch& batch) const {

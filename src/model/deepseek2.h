@@ -60,6 +60,10 @@ struct ForwardBatch {
     // layer order, ids [T, k] i32 and weights [T, k] f32. Empty: the routers decide.
     std::vector<mgl::tensor*> routing_ids;
     std::vector<mgl::tensor*> routing_weights;
+    // The expert cache's device fetch: before each MoE layer's experts run, mgl::expert_fetch
+    // with this state copies the layer's missing experts into slots (runtime/expert_offload.h).
+    // Null: the expert tables are read as they are.
+    mgl::tensor* expert_fetch = nullptr;
 };
 
 struct ForwardResult {

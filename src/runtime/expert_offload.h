@@ -11,6 +11,12 @@
 // occupant changed are filled from host memory and the changed table entries uploaded, both
 // queued on the backend's stream before the next step.
 //
+// With the device fetch (`device_fetch`), the step itself fills slots: before each MoE layer's
+// experts run, mgl::expert_fetch copies the layer's missing experts into victim slots offered by
+// before_step() and rewrites the tables on the device, so a miss crosses the host link once
+// (into its slot) and is read from HBM. after_step() then replays the device's fill log
+// through the policy and the host's copy of the tables.
+//
 // Invariant (checked by the tests): an entry points at a slot only when that slot holds that
 // expert's bytes. A slot is refilled only after the step that read it has finished (after_step
 // runs once the host has the step's logits), and the entry of the expert it held has been
@@ -62,8 +68,11 @@ public:
     // so the next step does not wait for them; a filled slot's entries point at it only once
     // its fence has passed, checked at each later step. Null: fills are queued on the
     // backend's stream before the next step, which waits for them.
+    // `device_fetch`: fill slots inside the step (see above); needs one global pool, admission
+    // `all` and no transfer queue.
     ExpertOffload(const Deepseek2Model& model, mgl::backend& backend, routing::CacheConfig config,
-                  std::unique_ptr<mgl::transfer_queue> transfers = nullptr);
+                  std::unique_ptr<mgl::transfer_queue> transfers = nullptr,
+                  bool device_fetch = false);
     // Points the tables home again: the model runs on without the cache.
     ~ExpertOffload();
     ExpertOffload(const ExpertOffload&) = delete;
@@ -73,8 +82,14 @@ public:
     // cache, for benchmarks. Waits for the backend first.
     void reset();
 
+    // Hooks itself into the session: after_step() after every eval and, with the device fetch,
+    // the fetch state and before_step() before it.
+    void attach(Session& session);
+    // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
+    void before_step(int64_t n_tokens);
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
     void after_step(const RoutingRecord& r);
+    bool uses_device_fetch() const { return state_ != nullptr; }
     // Slots whose fill has been queued on the transfer queue and not yet seen done.
     int64_t pending_fills() const { return int64_t(pending_.size()); }
     // Whether the slot at backend address `address` has a fill that has not landed yet.
@@ -100,6 +115,12 @@ public:
 
 private:
     void point_home();
+    // Allocates the device fetch's state (once) and writes its empty-cache contents.
+    void setup_device_fetch();
+    // Device fetch: the step's fills, from the device's log, into the policy and the shadow.
+    void replay_device_fills(const RoutingRecord& r);
+    // Host bookkeeping of one expert moving into `slot` (evicting its occupant).
+    void occupy(int32_t slot, int32_t key);
     // Forgets the fills whose fence has passed (their slots may be pointed at now).
     void settle_fills();
 
@@ -116,6 +137,16 @@ private:
     std::vector<int32_t> slot_key_;             // occupant of each slot
     std::vector<std::vector<int64_t>> shadow_;  // per MoE layer: what its table holds
     OffloadStats stats_;
+    int32_t top_k_ = 1;
+    // Device fetch: the state mgl::expert_fetch reads (header, fill log, tables, homes,
+    // victims, slot keys; expert_offload.cpp lays them out), the victims offered to the step
+    // and the host copy of the header's counters they are uploaded from.
+    mgl::context state_ctx_;
+    mgl::tensor* state_ = nullptr;
+    mgl::buffer_ptr state_buf_;
+    std::vector<int32_t> victims_;
+    std::vector<int64_t> counters_;
+    std::vector<int64_t> log_host_;
 };
 
 }  // namespace minids

@@ -49,6 +49,12 @@ void Session::set_routing_override(RoutingOverride f) {
     routing_override_ = std::move(f);
 }
 
+void Session::set_expert_fetch(mgl::tensor* state, std::function<void(int64_t)> prepare) {
+    decode_.reset();  // the graph gains or loses its fetch nodes
+    expert_fetch_ = state;
+    expert_fetch_prepare_ = std::move(prepare);
+}
+
 std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, bool keep_named) {
     auto s = std::make_unique<StepGraph>();
     const int64_t k = model_.config().num_experts_per_tok;
@@ -86,6 +92,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.all_logits = all_logits;
     batch.routing_ids = s->routing_ids;
     batch.routing_weights = s->routing_weights;
+    batch.expert_fetch = expert_fetch_;
     s->out = model_.build_forward(s->ctx, batch);
 
     // The routers' choices are outputs too: kept for the routing observer, and computed even
@@ -221,6 +228,7 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     }
     write_inputs(*s, tokens, n_past, !decode);
     cache_->sync(seq_);
+    if (expert_fetch_prepare_) expert_fetch_prepare_(T);
     backend_.compute(s->graph);
 
     if (observe) {

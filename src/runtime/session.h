@@ -76,6 +76,11 @@ public:
     // before the routing observer, once the eval's logits are back. Its record has the ids; the
     // weights only when a routing observer is set too.
     void set_expert_cache_hook(RoutingObserver f) { expert_cache_hook_ = std::move(f); }
+    // The expert cache's device fetch (runtime/expert_offload.h): each MoE layer's missing
+    // experts are copied into slots by the graph itself (mgl::expert_fetch with `state`), and
+    // `prepare` runs before every eval's graph with its token count (it offers the step's
+    // victim slots). A null state turns it off. Re-records the decode graph.
+    void set_expert_fetch(mgl::tensor* state, std::function<void(int64_t n_tokens)> prepare);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // Decode steps go through the recorded graph (default). false records a fresh graph for
@@ -122,6 +127,8 @@ private:
     RoutingObserver routing_observer_;
     RoutingObserver expert_cache_hook_;
     RoutingOverride routing_override_;
+    mgl::tensor* expert_fetch_ = nullptr;
+    std::function<void(int64_t)> expert_fetch_prepare_;
 };
 
 }  // namespace minids
