@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s_acc[mt][n][e] += s_odd[mt][n][e];
 
-        // Scale, mask, row max of this warp's slice.
+                    // Scale, mask, row max of this warp's slice.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
