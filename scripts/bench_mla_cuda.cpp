@@ -276,11 +276,11 @@ int main() {
             if (ctx == 32768 && type == mgl::dtype::bf16) {
                 for (int ms : {n_sm / 2, n_sm, 2 * n_sm, 4 * n_sm})
                     for (int mk : {32, 128, 512})
-                        run.push_back({"tc default, sweep", MlaImpl::tensor_core, 0, ms, mk});
+                        run.push_back({"tc default, sweep", MlaImpl::tensor_core, -1, ms, mk});
             }
             if (ctx == 512) {
                 for (int mk : {16, 32, 128, 512})
-                    run.push_back({"tc default, sweep", MlaImpl::tensor_core, 0, 0, mk});
+                    run.push_back({"tc default, sweep", MlaImpl::tensor_core, -1, 0, mk});
             }
             Best best;
             for (const DecodeConfig& c : run) {

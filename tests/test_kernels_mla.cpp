@@ -2,7 +2,8 @@
 // prefill launchers, both implementations, every tensor-core block shape, f32 and bf16 pages,
 // scrambled page tables, page sizes 16 and 64, positions starting at n_past, strided queries
 // (laid out as the model's views are) and a strided, NaN-poisoned output whose gaps must stay
-// untouched. Bounds: f32 pages on the CUDA-core kernel 1e-5 relative L2; anything on tensor cores
+// untouched; lengths from 1 to 32768 keys and a captured graph replayed over changing lengths.
+// Bounds: f32 pages on the CUDA-core kernel 1e-5 relative L2; anything on tensor cores
 // or bf16 pages 1e-2 against the reference computed from the same bf16-rounded cache values.
 // Every case is checked (a failure names its case) and each test prints its worst error.
 #ifdef MINIDS_HAVE_CUDA
@@ -259,6 +260,92 @@ TEST_CASE("cuda mla decode attention: split counts and every tensor-core variant
                 cases.push_back(c);
             }
     run_all("decode splits / variants", cases, 200);
+}
+
+// The lengths a decode step sees, from a single key to 32K, on V2-Lite's shape with the default
+// kernel choice (bf16 pages: tensor cores; f32 pages: the CUDA-core kernel), power-of-two and
+// odd page sizes. 32768 keys is a full-length cache and a full reference.
+TEST_CASE("cuda mla decode attention at 1, 7, 512, 4097 and 32768 keys" * doctest::skip(no_gpu)) {
+    std::vector<AttnCase> cases;
+    for (int64_t keys : {1, 7, 512, 4097, 32768})
+        for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32})
+            for (int64_t page_size : {16, 64, 48}) {
+                if (keys == 32768 && page_size == 48) continue;  // one odd size suffices
+                AttnCase c;
+                c.type = type;
+                c.page_size = page_size;
+                c.n_past = keys - 1;
+                cases.push_back(c);
+            }
+    run_all("decode lengths", cases, 300);
+}
+
+// One captured graph replayed while the cache length changes between replays (as the decode
+// graph is: the length is read from positions[] in device memory). Each replay against its own
+// reference; the grid was fixed at capture with the default max_splits.
+TEST_CASE("cuda mla decode attention: graph replay with the cache length changed" *
+          doctest::skip(no_gpu)) {
+    for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32}) {
+        const int64_t H = 16, r = 512, rope = 64, page_size = 64, capacity = 5000;
+        const test::HostCache cache = test::make_cache(type, r, rope, page_size, capacity, 41);
+        const auto q_lat = test::random_floats(size_t(H * r), 42);
+        const auto q_pe = test::random_floats(size_t(H * rope), 43);
+        test::DevBuf<uint8_t> d_pages(cache.bytes);
+        test::DevBuf<int32_t> d_table(cache.table), d_pos(std::vector<int32_t>{0});
+        test::DevBuf<float> d_qlat(q_lat), d_qpe(q_pe);
+        test::DevBuf<float> d_out(std::vector<float>(size_t(H * r), NAN));
+        kernels::MlaAttnParams p;
+        p.cache = {d_pages.ptr,     type, cache.n_pages, cache.page_size, d_table.ptr,
+                   cache.max_pages, r,    rope};
+        p.q_lat = d_qlat.ptr;
+        p.q_lat_stride_t = H * r;
+        p.q_lat_stride_h = r;
+        p.q_pe = d_qpe.ptr;
+        p.q_pe_stride_t = H * rope;
+        p.q_pe_stride_h = rope;
+        p.out = d_out.ptr;
+        p.out_stride_t = H * r;
+        p.out_stride_h = r;
+        p.positions = d_pos.ptr;
+        p.T = 1;
+        p.H = H;
+        p.scale = 0.15f;
+        p.max_splits = kernels::mla_attn_default_max_splits(MlaKernel::decode, 1, H);
+        const size_t ws_bytes = kernels::mla_attn_workspace_bytes(1, H, r, p.max_splits);
+        test::DevBuf<uint8_t> d_ws(std::vector<uint8_t>(ws_bytes, 0xff));
+        p.workspace = ws_bytes ? d_ws.ptr : nullptr;
+        p.workspace_bytes = ws_bytes;
+
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        kernels::mla_decode(p, stream);
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        double worst = 0;
+        // Long, short, long again: a replay after a longer one must not see its split count.
+        for (int32_t last : {4999, 0, 6, 511, 4096, 63, 4999}) {
+            INFO(test::type_name(type) << " pages, keys " << last + 1);
+            CUDA_CHECK(cudaMemcpyAsync(d_pos.ptr, &last, 4, cudaMemcpyHostToDevice, stream));
+            CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const auto ref = reference(cache, q_lat, q_pe, {last}, 1, H, 0.15);
+            const auto got = d_out.download();
+            int64_t non_finite = 0;
+            for (float v : got) non_finite += !std::isfinite(v);
+            CHECK_MESSAGE(non_finite == 0, "non-finite outputs: ", non_finite);
+            const double err = test::relative_l2(got, ref);
+            const double bound = type == mgl::dtype::f32 ? 1e-5 : 1e-2;
+            CHECK_MESSAGE(err <= bound, "relative L2 ", err, " > bound ", bound);
+            worst = std::max(worst, err);
+        }
+        MESSAGE("graph replay, " << test::type_name(type) << " pages: worst relative L2 " << worst);
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    }
 }
 
 TEST_CASE("cuda mla prefill attention matches double reference" * doctest::skip(no_gpu)) {
