@@ -98,39 +98,27 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Loads KT cache rows starting at key k0 into `dst` (bf16, row stride ks); keys >= k_end or
-// unmapped read as zeros. One warp per row, lanes over 16-byte chunks (coalesced). Every
-// page-table lookup of the warp goes out before the first copy: cp.async's memory clobber would
-// otherwise hold each row's lookup behind the previous row's copies, one global round trip per
-// row (the decode kernel's main stall at every context length).
+// unmapped read as zeros. One warp per row, lanes over 16-byte chunks (coalesced).
 template <class S, typename PageT>
 __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int ks, int k0,
                                     int k_end) {
-    constexpr int rows_per_warp = (S::KT + S::warps - 1) / S::warps;
     const int width = a.r + a.rope;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     constexpr int per_chunk = 16 / int(sizeof(PageT));  // elements per 16-byte global load
     const int chunks = width / per_chunk;
     const PageT* pages = static_cast<const PageT*>(a.pages);
-    int64_t row[rows_per_warp];
-#pragma unroll
-    for (int i = 0; i < rows_per_warp; ++i) {
-        const int kr = warp + i * S::warps, key = k0 + kr;
-        row[i] = kr < S::KT && key < k_end
-                     ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key)
-                     : -1;
-    }
-#pragma unroll
-    for (int i = 0; i < rows_per_warp; ++i) {
-        const int kr = warp + i * S::warps;
-        if (kr >= S::KT) break;
-        const PageT* src = pages + (row[i] < 0 ? 0 : row[i] * width);
+    for (int kr = warp; kr < S::KT; kr += S::warps) {
+        const int key = k0 + kr;
+        const int64_t row =
+            key < k_end ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key) : -1;
+        const PageT* src = pages + (row < 0 ? 0 : row * width);
         __nv_bfloat16* d = dst + kr * ks;
         for (int ch = lane; ch < chunks; ch += 32) {
             if constexpr (sizeof(PageT) == 2) {
-                cp_async_16(d + ch * per_chunk, src + ch * per_chunk, row[i] < 0 ? 0 : 16);
+                cp_async_16(d + ch * per_chunk, src + ch * per_chunk, row < 0 ? 0 : 16);
             } else {
-                float4 v = row[i] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                      : __ldg(reinterpret_cast<const float4*>(src) + ch);
+                float4 v = row < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                   : __ldg(reinterpret_cast<const float4*>(src) + ch);
                 uint2 packed{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
                 *reinterpret_cast<uint2*>(d + ch * per_chunk) = packed;
             }
@@ -186,16 +174,14 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         cp_async_commit();
     }
 
-    // Q as bf16, zero-padded to ks columns; Q_BATCH pairs in flight per thread (a 16-row decode
-    // tile is read in two or three round trips, not ten). The zero padding columns of every K
-    // stage (never written by the loads) are set here too; the main loop's first barrier
-    // publishes both.
-    constexpr int Q_BATCH = ROWS <= 16 ? 16 : 4;
+    // Q as bf16, zero-padded to ks columns; four pairs in flight per thread. The zero padding
+    // columns of every K stage (never written by the loads) are set here too; the main loop's
+    // first barrier publishes both.
     const int half_ks = ks / 2, n_pairs = ROWS * half_ks;
-    for (int base = tid; base < n_pairs; base += Q_BATCH * S::threads) {
-        float2 v[Q_BATCH];
+    for (int base = tid; base < n_pairs; base += 4 * S::threads) {
+        float2 v[4];
 #pragma unroll
-        for (int j = 0; j < Q_BATCH; ++j) {
+        for (int j = 0; j < 4; ++j) {
             const int idx = base + j * S::threads;
             const int i = idx / half_ks, col = 2 * (idx % half_ks);
             const int64_t row = row0 + i;
@@ -208,7 +194,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
             }
         }
 #pragma unroll
-        for (int j = 0; j < Q_BATCH; ++j) {
+        for (int j = 0; j < 4; ++j) {
             const int idx = base + j * S::threads;
             if (idx < n_pairs)
                 *reinterpret_cast<uint32_t*>(q_s + (idx / half_ks) * ks + 2 * (idx % half_ks)) =
@@ -255,17 +241,17 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         const __nv_bfloat16* kv = kv_s + (tile % S::STAGES) * KT * ks;
         const int tile_k0 = s_begin + tile * KT;
 
-        // S = Q·Kᵀ for this warp's rows and keys slice. Even and odd k-steps accumulate into
-        // separate registers (summed after), halving the chain of dependent MMAs per tile.
-        float s_acc[MT][S::s_ntiles][4], s_odd[MT][S::s_ntiles][4];
+        // S = Q·Kᵀ for this warp's rows and keys slice.
+        float s_acc[MT][S::s_ntiles][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < S::s_ntiles; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s_acc[mt][n][e] = s_odd[mt][n][e] = 0.f;
+                for (int e = 0; e < 4; ++e) s_acc[mt][n][e] = 0.f;
         const __nv_bfloat16* k_warp = kv + (wn * S::keys_per_warp) * ks;
-        auto qk_step = [&](float(&acc)[MT][S::s_ntiles][4], int kstep) {
+#pragma unroll 2
+        for (int kstep = 0; kstep < k_steps; ++kstep) {
             const int k0 = kstep * 16;
             uint32_t af[MT][4];
 #pragma unroll
@@ -279,8 +265,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                                 ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(acc[mt][n], af[mt], bf[0], bf[1]);
-                    mma_bf16(acc[mt][n + 1], af[mt], bf[2], bf[3]);
+                    mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
+                    mma_bf16(s_acc[mt][n + 1], af[mt], bf[2], bf[3]);
                 }
             }
             if constexpr (S::s_ntiles % 2 == 1) {
@@ -288,23 +274,11 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                 uint32_t bf[2];
                 ldsm_x2(bf, k_warp + (n * 8 + lane % 8) * ks + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[mt][n], af[mt], bf[0], bf[1]);
+                for (int mt = 0; mt < MT; ++mt) mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
             }
-        };
-        int kstep = 0;
-        for (; kstep + 1 < k_steps; kstep += 2) {
-            qk_step(s_acc, kstep);
-            qk_step(s_odd, kstep + 1);
         }
-        if (kstep < k_steps) qk_step(s_acc, kstep);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int n = 0; n < S::s_ntiles; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s_acc[mt][n][e] += s_odd[mt][n][e];
 
-                    // Scale, mask, row max of this warp's slice.
+        // Scale, mask, row max of this warp's slice.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll

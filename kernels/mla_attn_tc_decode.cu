@@ -14,7 +14,6 @@ using D1s = TcShape<1, 1, 4, 32, 4, 64>;
 using D2 = TcShape<1, 1, 8, 64, 2, 512>;  // 256 threads
 using D3 = TcShape<1, 1, 4, 32, 2, 512>;  // ~95 KB smem: 2 blocks/SM
 using D3s = TcShape<1, 1, 4, 32, 2, 64>;
-using D4 = TcShape<1, 1, 4, 32, 5, 512>;  // ~207 KB smem: four tiles in flight while one computes
 
 const TcVariant variants[] = {
     {"rows16 warps1x4 keys64 stages2", launch_tc_instance<D0, bf16>, launch_tc_instance<D0s, bf16>,
@@ -24,7 +23,6 @@ const TcVariant variants[] = {
     {"rows16 warps1x8 keys64 stages2", launch_tc_instance<D2, bf16>, nullptr, nullptr, nullptr},
     {"rows16 warps1x4 keys32 stages2", launch_tc_instance<D3, bf16>, launch_tc_instance<D3s, bf16>,
      nullptr, nullptr},
-    {"rows16 warps1x4 keys32 stages5", launch_tc_instance<D4, bf16>, nullptr, nullptr, nullptr},
 };
 
 }  // namespace
