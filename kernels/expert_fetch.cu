@@ -10,8 +10,12 @@ namespace {
 constexpr int max_experts = 1024;
 constexpr int plan_threads = 256;
 constexpr int copy_threads = 256;
-constexpr int64_t copy_chunk = 128 << 10;  // bytes per copy block
+constexpr int64_t copy_chunk = 128 << 10;  // bytes a copy block moves per pass
 constexpr int copy_unroll = 8;             // 16-byte loads in flight per thread
+// Copy blocks per fill: a decode step's six fills make one wave over an H200's 132 SMs, each
+// block looping over its chunks; plenty of loads in flight for the link, and a step whose
+// experts are all in slots pays for few blocks that read the fill count and exit.
+constexpr int64_t copy_blocks_per_fill = 22;
 
 struct PlanShared {
     uint32_t used[max_experts / 32];
@@ -57,7 +61,8 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
         s.next_victim = h->next_victim;
         s.first_fill = h->n_fills;
         // Each skipped victim holds a distinct used expert, so m + n_used candidates suffice.
-        const int64_t left = h->n_victims - s.next_victim, enough = m + n_used;
+        // With every used expert in a slot (the usual decode step) no candidate is read.
+        const int64_t left = h->n_victims - s.next_victim, enough = m == 0 ? 0 : m + n_used;
         s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
     }
     __syncthreads();
@@ -104,26 +109,14 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
     }
 }
 
-// Block (chunk, j): chunk `blockIdx.x` of the layer's j-th fill, if the plan made one.
-__global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
-    const mgl::expert_fetch_header* h = p.state;
-    const int64_t f = h->layer_fills + blockIdx.y;
-    if (f >= h->n_fills) return;
-    const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
-    const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
-    const int64_t begin = int64_t(blockIdx.x) * copy_chunk;
-    const int64_t n = min(copy_chunk, h->blob_bytes - begin);
-    if (n <= 0) return;
-    const auto* src =
-        reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]) + begin;
-    auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride) + begin;
+// Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
+// is host memory across PCIe, whose latency only parallelism hides.
+__device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
     const bool vec =
         ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
     const int64_t n16 = vec ? n / 16 : 0;
     const auto* s4 = reinterpret_cast<const uint4*>(src);
     auto* d4 = reinterpret_cast<uint4*>(dst);
-    // Many 16-byte loads in flight per thread: the source is host memory across PCIe, whose
-    // latency only parallelism hides.
     for (int64_t i = threadIdx.x; i < n16; i += int64_t(copy_threads) * copy_unroll) {
         uint4 r[copy_unroll];
 #pragma unroll
@@ -140,6 +133,21 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += copy_threads) dst[i] = src[i];
 }
 
+// Block (b, j): chunks b, b + gridDim.x, ... of the layer's j-th fill, if the plan made one.
+__global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
+    const mgl::expert_fetch_header* h = p.state;
+    const int64_t f = h->layer_fills + blockIdx.y;
+    if (f >= h->n_fills) return;
+    const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
+    const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+    const auto* src =
+        reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]);
+    auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
+    for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
+         begin += int64_t(gridDim.x) * copy_chunk)
+        copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
+}
+
 }  // namespace
 
 void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
@@ -149,7 +157,9 @@ void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
     fetch_plan_kernel<<<1, plan_threads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
     const int64_t most_fills = p.n_ids < p.n_experts ? p.n_ids : p.n_experts;
-    const dim3 grid(unsigned((p.blob_bytes + copy_chunk - 1) / copy_chunk), unsigned(most_fills));
+    const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
+    const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
+                    unsigned(most_fills));
     fetch_copy_kernel<<<grid, copy_threads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
