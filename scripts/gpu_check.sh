@@ -6,7 +6,10 @@
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
+#                        [--fetch-compare]
 #
+# --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
+# default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
 # and of the prompt pass) whose tables go to $OUT/profile_f8.log.
 #
@@ -21,7 +24,7 @@ WORK="${WORK:-/tmp/minids_gpu_check}"
 mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
-KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0
+KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0
 for a in "$@"; do
     case "$a" in
         --kernels) KERNELS=1 ;;
@@ -30,6 +33,7 @@ for a in "$@"; do
         --quick) QUICK=1 ;;
         --profile) PROFILE=1 ;;
         --all-tests) ALL_TESTS=1 ;;
+        --fetch-compare) FETCH_COMPARE=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -91,9 +95,11 @@ bench_model() {  # $1 = expert dtype
         nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits -lms 200 \
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
+        # The default fetch (device); with --fetch-compare also the host fetch, and its best
+        # setting (copy stream, frequency admission) below.
+        local fetch=(); [[ $FETCH_COMPARE == 1 ]] && fetch=(--sweep-fetch host,device)
         MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
-            --sweep-fetch host,device \
-            > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
+            ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
         local rc=$?
         kill $smi 2>/dev/null
         local peak=$(sort -n "$OUT/offload_12g_mem.txt" | tail -1)
@@ -101,13 +107,25 @@ bench_model() {  # $1 = expert dtype
         [[ -z $peak ]] && verdict="not sampled"
         say "offload 12GiB: rc=$rc, peak GPU memory of the process ${peak:-?} MiB (nvidia-smi; budget 12288 MiB): $verdict; load: $(grep -E "weight store: (experts|dense)" "$OUT/bench_offload_12g.log" | sed 's/weight store: //' | tr '\n' ';')"
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
-            --sweep-slots 208 --sweep-fetch host,device > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
+            --sweep-slots 208 ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
-        # The host fetch's best setting so far: fills on a copy stream, frequency admission.
-        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
-            --expert-cache-copy-stream --expert-cache-admit frequency \
-            > "$OUT/bench_offload_12g_cs.md" 2> "$OUT/bench_offload_12g_cs.log"
-        say "offload 12GiB, copy stream + frequency admission: rc=$?"
+        if [[ $FETCH_COMPARE == 1 ]]; then
+            timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
+                --expert-cache-copy-stream --expert-cache-admit frequency \
+                > "$OUT/bench_offload_12g_cs.md" 2> "$OUT/bench_offload_12g_cs.log"
+            say "offload 12GiB, copy stream + frequency admission: rc=$?"
+        fi
+        # Every expert a hit (issue 10: within 5 % of the resident speed): a replayed trace whose
+        # experts never change (stickiness 1: each token reuses the previous token's six), so
+        # 156 experts, all in slots after the first token; the same replay fully resident.
+        "$BIN/minids" routing gen --preset v2-lite --stickiness 1 -n 4096 "$WORK/sticky.npz" > /dev/null 2>&1
+        timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md --replay-routing "$WORK/sticky.npz" \
+            > "$OUT/bench_hits_resident.md" 2> "$OUT/bench_hits_resident.log"
+        timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md --vram-budget 12GiB \
+            --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_12g.md" 2> "$OUT/bench_hits_12g.log"
+        local res=$(grep -E '\| tg128 ' "$OUT/bench_hits_resident.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+        local off=$(grep -E '\| tg128 ' "$OUT/bench_hits_12g.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+        say "every expert a hit (replayed sticky trace): resident tg128 ${res:-?}, 12 GiB cache tg128 ${off:-?} tok/s ($(awk "BEGIN { if (\"$res\" > 0) printf \"%.1f%% of resident\", 100 * \"$off\" / \"$res\" }"))"
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
