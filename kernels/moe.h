@@ -80,41 +80,6 @@ void moe_weights(const MoeRoutingParams& p, cudaStream_t stream);
 // CPU softmax to rounding (expf may differ from the host's by an ulp).
 void moe_route(const MoeRoutingParams& p, cudaStream_t stream);
 
-// The router of a decode step in one launch (what rms_norm -> matmul -> moe_route do in three):
-//   x_norm = rms_norm(x, norm_w, eps)            [T, D] f32, written for moe_experts
-//   logits = x_norm · Wᵀ                         [T, E] f32, W [E, D] bf16 or f32
-//   probs, ids, weights = moe_route(logits)      as moe_route, from these logits
-// A grid of blocks, one warp per router row (8 rows per block); each block recomputes the norm
-// statistics of the T tokens and writes its slice of x_norm; the last block to finish (a device
-// counter) routes. Bit for bit what the unfused launches compute: the norm as the rms_norm kernel,
-// each logit in the order of the stream GEMV (bf16 W) or the generic GEMV (f32 W).
-struct MoeRouterParams {
-    const float* x = nullptr;  // [T, D], row stride x_stride (0 = D)
-    int64_t x_stride = 0;
-    const void* norm_w = nullptr;               // [D] (null: no weight)
-    mgl::dtype norm_w_type = mgl::dtype::bf16;  // bf16 or f32
-    float eps = 1e-6f;
-    float* x_norm = nullptr;  // [T, D] output, row stride x_norm_stride (0 = D)
-    int64_t x_norm_stride = 0;
-    const void* w = nullptr;  // router weight [E, D]; see moe_router_weight_ok
-    mgl::dtype w_type = mgl::dtype::bf16;
-    int64_t w_row_stride = 0;  // bytes between rows (0 = D · element size)
-    int64_t n_embd = 0;        // D
-    float* logits = nullptr;   // [T, E] contiguous output (also how the blocks hand them over)
-    // n_tokens (1..moe_router_max_tokens), n_experts, route, ids, weights (required), probs_out
-    // (optional); logits, probs and in_stride are not read.
-    MoeRoutingParams routing;
-    // Device memory, zero before the first launch; every launch leaves it zero again, so it can be
-    // shared by launches on one stream (not by launches that may run concurrently).
-    unsigned* counter = nullptr;
-};
-
-constexpr int64_t moe_router_max_tokens = 8;
-// Whether moe_router reads this router weight: bf16 rows 16-byte aligned (D a multiple of 8),
-// or f32 rows contiguous in D.
-bool moe_router_weight_ok(mgl::dtype type, const void* w, int64_t row_stride_bytes, int64_t n_embd);
-void moe_router(const MoeRouterParams& p, cudaStream_t stream);
-
 // ---------------------------------------------------------------------------------------------
 // Routed experts (+ shared expert, + residual)
 // ---------------------------------------------------------------------------------------------

@@ -3,21 +3,33 @@
 #include <string>
 
 #include "cuda_check.h"
-#include "rms_norm.cuh"
 #include "rms_norm.h"
 
 namespace minids::kernels {
 namespace {
 
-using rms_detail::block_threads;
+constexpr int block_threads = 256;
 
 // One block per row: a block-wide sum of squares, then a scaled write.
 template <typename W>
 __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t ys) {
     const float* x = p.x + int64_t(blockIdx.x) * xs;
     float* y = p.y + int64_t(blockIdx.x) * ys;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < p.dim; i += block_threads) ss += x[i] * x[i];
     __shared__ float partial[block_threads / 32];
-    const float inv = rms_detail::block_inv_rms(x, p.dim, p.eps, partial);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < block_threads / 32 ? partial[threadIdx.x] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) partial[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(partial[0] / float(p.dim) + p.eps);
     const W* w = static_cast<const W*>(p.w);
     for (int64_t i = threadIdx.x; i < p.dim; i += block_threads) {
         float wi = 1.0f;
@@ -28,7 +40,7 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t ys) {
                 wi = w[i];
             }
         }
-        y[i] = rms_detail::rms_scaled(x[i], inv, wi);
+        y[i] = wi * (x[i] * inv);
     }
 }
 

@@ -39,7 +39,7 @@ std::vector<config> configs(bool quick) {
     out.push_back({"graphs, all fusions, pdl (default)", all});
     mgl::cuda_options none = all;
     none.graphs = false;
-    none.fuse = mgl::cuda_fusions::none();
+    none.fuse = {false, false, false, false};
     none.pdl = false;
     if (quick) {
         out.push_back({"eager, no fusion, no pdl", none});
@@ -49,7 +49,7 @@ std::vector<config> configs(bool quick) {
     eager.graphs = false;
     out.push_back({"eager, all fusions, pdl", eager});
     mgl::cuda_options unfused = all;
-    unfused.fuse = mgl::cuda_fusions::none();
+    unfused.fuse = {false, false, false, false};
     out.push_back({"graphs, no fusion, pdl", unfused});
     const char* names[] = {"norm", "residual", "route", "mla_prep"};
     for (int i = 0; i < 4; ++i) {

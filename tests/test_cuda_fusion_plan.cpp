@@ -35,11 +35,6 @@ std::vector<step> fused_steps(const mgl::graph& g, const mgl::cuda::fusion_plan&
             const auto& r = it->second;
             s.reads = {r.softmax->src[0]};
             s.writes = {r.softmax, r.topk, r.weights};
-        } else if (auto rt = f.router_at.find(n); rt != f.router_at.end()) {
-            const auto& r = rt->second;
-            add_srcs(s.reads, *r.norm);
-            add_srcs(s.reads, *r.logits);
-            s.writes = {r.norm, r.logits, r.route.softmax, r.route.topk, r.route.weights};
         } else if (auto pt = f.prep_at.find(n); pt != f.prep_at.end()) {
             const auto& p = pt->second;
             for (const mgl::tensor* m : {p.kv_norm, p.k_rope, p.store, p.q_rope})
@@ -126,9 +121,7 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
         const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, mgl::cuda_fusions{});
         CHECK(f.n_norm == (T <= 16 ? 2 : 0));
         CHECK(f.n_residual == 2);
-        // Decode rows take the router fusion, which includes the route.
-        CHECK(f.n_router == (T <= 8 ? 1 : 0));
-        CHECK(f.n_route == (T <= 8 ? 0 : 1));
+        CHECK(f.n_route == 1);
         CHECK(f.n_mla_prep == 1);
         const auto steps = fused_steps(g, f);
         CHECK(steps.size() < g.nodes.size());
@@ -139,7 +132,8 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
         MESSAGE("T = " << T << ": " << g.nodes.size() << " nodes, " << steps.size()
                        << " fused steps; hazards without also_reads: " << unsafe);
         // Nothing fused when every switch is off, and the plain steps are hazard free too.
-        const mgl::cuda::fusion_plan none = mgl::cuda::plan_fusions(g, mgl::cuda_fusions::none());
+        const mgl::cuda::fusion_plan none =
+            mgl::cuda::plan_fusions(g, mgl::cuda_fusions{false, false, false, false});
         CHECK(none.skipped.empty());
         CHECK(simulate(g, fused_steps(g, none), mgl::plan_allocation(g, 256)) == 0);
     }
@@ -185,15 +179,13 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
         mgl::graph g = mgl::build_graph(ctx, std::span<mgl::tensor* const>(outputs));
         const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, mgl::cuda_fusions{});
         // Every layer: the attention output and the FFN output are residual epilogues, the MLA
-        // prologue is one mla_prep; every MoE layer routes in one launch (with its FFN norm and
-        // router product at decode row counts). Norms: each layer's
+        // prologue is one mla_prep; every MoE layer routes in one launch. Norms: each layer's
         // input norm (read only by the q and kv projections), the dense layers' FFN norm (gate
         // and up), the output norm (of the last position only, so at any T); the MoE layers'
         // FFN norm also feeds the experts.
         CHECK(f.n_residual == 2 * n_layer);
         CHECK(f.n_mla_prep == n_layer);
-        CHECK(f.n_router == (T <= 8 ? n_moe : 0));
-        CHECK(f.n_route == (T <= 8 ? 0 : n_moe));
+        CHECK(f.n_route == n_moe);
         CHECK(f.n_norm == (T <= 16 ? n_layer + (n_layer - n_moe) : 0) + 1);
         CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
     }

@@ -1,25 +1,20 @@
-// CUDA MoE routing kernels (moe_topk, moe_weights, moe_route) against mgl's CPU ops, the fused
-// decode router (moe_router) against the unfused launches and a double reference, parameter
+// CUDA MoE routing kernels (moe_topk, moe_weights, moe_route) against mgl's CPU ops, parameter
 // checks of every MoE launcher, and a routing + experts step replayed as a CUDA graph.
 // The expert kernels themselves are tested in test_kernels_moe_experts.cpp.
 #ifdef MINIDS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "matmul.h"
 #include "moe.h"
 #include "moe_cuda_fixture.h"
-#include "rms_norm.h"
 #include "test_mgl_util.h"
 
 using namespace minids;
 using moe_test::DeviceBuffer;
-using moe_test::HostMatrix;
 using moe_test::Rng;
 
 namespace {
@@ -137,157 +132,6 @@ void check_topk_and_weights(int64_t T, int64_t E, const mgl::moe_route_params& p
     check_equal(gpu.weights, cpu_weights(probs, gpu.ids, T, E, p), "weights");
 }
 
-// One moe_router case: device inputs, the fused launch's outputs, and the same computation by the
-// unfused launches (rms_norm, matmul, moe_route) into separate buffers.
-struct RouterCase {
-    int64_t T, E, D, x_stride;
-    mgl::dtype w_type, norm_type;
-    bool norm_weight;  // false: RMSNorm without a weight
-    mgl::moe_route_params route;
-};
-
-struct RouterOut {
-    std::vector<float> x_norm, logits, probs, weights;
-    std::vector<int32_t> ids;
-};
-
-struct RouterRig {
-    static constexpr float eps = 1e-6f;
-    RouterCase c;
-    Rng rng;
-    HostMatrix w, norm_w;
-    DeviceBuffer x, w_dev, norm_dev, counter;
-    struct Outputs {
-        DeviceBuffer x_norm, logits, probs, ids, weights;
-        Outputs(const RouterCase& c)
-            : x_norm(size_t(c.T * c.D) * 4),
-              logits(size_t(c.T * c.E) * 4),
-              probs(size_t(c.T * c.E) * 4),
-              ids(size_t(c.T * c.route.k) * 4),
-              weights(size_t(c.T * c.route.k) * 4) {}
-        RouterOut download() const {
-            return {x_norm.download<float>(), logits.download<float>(), probs.download<float>(),
-                    weights.download<float>(), ids.download<int32_t>()};
-        }
-    } fused, unfused;
-
-    explicit RouterRig(const RouterCase& rc, uint64_t seed)
-        : c(rc),
-          rng(seed),
-          w(rc.w_type, rc.E, rc.D, rng),
-          norm_w(rc.norm_type, 1, rc.D, rng),
-          x(size_t(rc.T * rc.x_stride) * 4),
-          w_dev(w.bytes),
-          norm_dev(norm_w.bytes),
-          counter(4, 0),
-          fused(rc),
-          unfused(rc) {}
-
-    bool has_norm_w() const { return c.norm_weight; }
-
-    kernels::MoeRouterParams params() const {
-        kernels::MoeRouterParams p;
-        p.x = x.as<float>();
-        p.x_stride = c.x_stride;
-        p.norm_w = has_norm_w() ? norm_dev.ptr : nullptr;
-        p.norm_w_type = norm_w.type;
-        p.eps = eps;
-        p.x_norm = fused.x_norm.as<float>();
-        p.w = w_dev.ptr;
-        p.w_type = c.w_type;
-        p.n_embd = c.D;
-        p.logits = fused.logits.as<float>();
-        p.routing.n_tokens = c.T;
-        p.routing.n_experts = c.E;
-        p.routing.route = c.route;
-        p.routing.probs_out = fused.probs.as<float>();
-        p.routing.ids = fused.ids.as<int32_t>();
-        p.routing.weights = fused.weights.as<float>();
-        p.counter = counter.as<unsigned>();
-        return p;
-    }
-
-    void run_unfused(cudaStream_t stream) {
-        kernels::RmsNormParams n;
-        n.x = x.as<float>();
-        n.x_stride = c.x_stride;
-        n.w = has_norm_w() ? norm_dev.ptr : nullptr;
-        n.w_type = norm_w.type;
-        n.y = unfused.x_norm.as<float>();
-        n.rows = c.T;
-        n.dim = c.D;
-        n.eps = eps;
-        kernels::rms_norm(n, stream);
-        const kernels::MatmulParams m = kernels::matmul_params_contiguous(
-            c.w_type, w_dev.ptr, nullptr, unfused.x_norm.as<float>(), unfused.logits.as<float>(), 1,
-            c.T, c.E, c.D);
-        // The paths whose summation order moe_router reproduces.
-        CHECK(kernels::matmul_choose_path(m) == (c.w_type == mgl::dtype::bf16
-                                                     ? kernels::MatmulPath::stream
-                                                     : kernels::MatmulPath::generic));
-        DeviceBuffer ws(kernels::matmul_workspace_bytes(m), 0);
-        kernels::matmul(m, {nullptr, ws.ptr, ws.bytes}, stream);
-        kernels::MoeRoutingParams r;
-        r.logits = unfused.logits.as<float>();
-        r.probs_out = unfused.probs.as<float>();
-        r.ids = unfused.ids.as<int32_t>();
-        r.weights = unfused.weights.as<float>();
-        r.n_tokens = c.T;
-        r.n_experts = c.E;
-        r.route = c.route;
-        kernels::moe_route(r, stream);
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
-
-    // New token rows (the padding between rows is NaN: it must never be read).
-    std::vector<float> upload_x(uint64_t seed) {
-        const auto v = test::random_floats(size_t(c.T * c.D), seed, -2.0f, 2.0f);
-        std::vector<float> strided(size_t(c.T * c.x_stride), NAN);
-        for (int64_t t = 0; t < c.T; ++t)
-            std::memcpy(&strided[size_t(t * c.x_stride)], &v[size_t(t * c.D)], size_t(c.D) * 4);
-        CUDA_CHECK(cudaMemcpy(x.ptr, strided.data(), x.bytes, cudaMemcpyHostToDevice));
-        return v;
-    }
-
-    // The fused outputs against the double reference of rows xv.
-    void check_reference(const RouterOut& got, const std::vector<float>& xv) const {
-        std::vector<double> x_norm(size_t(c.T * c.D)), logits(size_t(c.T * c.E)),
-            probs(size_t(c.T * c.E)), wrow(size_t(c.D)), nw(size_t(c.D), 1.0);
-        if (has_norm_w()) norm_w.row(0, nw.data());
-        for (int64_t t = 0; t < c.T; ++t) {
-            double ss = 0;
-            for (int64_t d = 0; d < c.D; ++d)
-                ss += double(xv[size_t(t * c.D + d)]) * xv[size_t(t * c.D + d)];
-            const double inv = 1.0 / std::sqrt(ss / double(c.D) + double(eps));
-            for (int64_t d = 0; d < c.D; ++d)
-                x_norm[size_t(t * c.D + d)] = nw[size_t(d)] * xv[size_t(t * c.D + d)] * inv;
-            double mx = -INFINITY, sum = 0;
-            for (int64_t e = 0; e < c.E; ++e) {
-                w.row(e, wrow.data());
-                double l = 0;
-                for (int64_t d = 0; d < c.D; ++d)
-                    l += wrow[size_t(d)] * x_norm[size_t(t * c.D + d)];
-                logits[size_t(t * c.E + e)] = l;
-                mx = std::max(mx, l);
-            }
-            for (int64_t e = 0; e < c.E; ++e)
-                sum += probs[size_t(t * c.E + e)] = std::exp(logits[size_t(t * c.E + e)] - mx);
-            for (int64_t e = 0; e < c.E; ++e) probs[size_t(t * c.E + e)] /= sum;
-        }
-        CHECK(test::relative_l2(got.x_norm, x_norm) < 1e-6);
-        CHECK(test::relative_l2(got.logits, logits) < 1e-5);
-        CHECK(test::relative_l2(got.probs, probs) < 1e-5);
-        // The decisions: the CPU rule on this launch's probabilities, and on the reference's (the
-        // fixed seeds hold no near tie at the k-th place).
-        check_equal(got.ids, cpu_topk(got.probs, c.T, c.E, c.route), "ids vs own probs");
-        const std::vector<float> ref_probs(probs.begin(), probs.end());
-        check_equal(got.ids, cpu_topk(ref_probs, c.T, c.E, c.route), "ids vs reference");
-        check_equal(got.weights, cpu_weights(got.probs, got.ids, c.T, c.E, c.route), "weights");
-        const auto ref_w = cpu_weights(ref_probs, got.ids, c.T, c.E, c.route);
-        CHECK(test::relative_l2(got.weights, std::vector<double>(ref_w.begin(), ref_w.end())) <
-              1e-5);
-    }
-};
 }  // namespace
 
 TEST_CASE("cuda moe_topk and moe_weights: greedy, identical to the CPU, ties included" *
@@ -349,62 +193,6 @@ TEST_CASE("cuda moe_route: softmax, top-k and weights in one launch" * doctest::
         }
 }
 
-TEST_CASE("cuda moe_router: norm, router GEMV and routing in one launch, replayed" *
-          doctest::skip(no_gpu)) {
-    // V2-Lite (E = 64, greedy top-6) and V2 (E = 160, group-limited 8 groups keep 3); D with a
-    // partial last batch of loads (1544) and several batches (5120); padded x rows; no norm weight.
-    const RouterCase cases[] = {
-        {1, 64, 2048, 2048, mgl::dtype::bf16, mgl::dtype::bf16, true, greedy(6)},
-        {3, 64, 2048, 2052, mgl::dtype::f32, mgl::dtype::f32, true, greedy(6, true)},
-        {1, 160, 5120, 5120, mgl::dtype::bf16, mgl::dtype::bf16, true, grouped(6, 8, 3)},
-        {3, 160, 1544, 1544, mgl::dtype::f32, mgl::dtype::bf16, true, grouped(6, 8, 3, true)},
-        {3, 160, 1544, 1552, mgl::dtype::bf16, mgl::dtype::f32, true, grouped(6, 8, 3)},
-        {8, 64, 2048, 2048, mgl::dtype::bf16, mgl::dtype::f32, false, greedy(6, true)},
-    };
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    uint64_t seed = 900;
-    for (const RouterCase& c : cases) {
-        CAPTURE(c.T);
-        CAPTURE(c.E);
-        CAPTURE(c.D);
-        CAPTURE(std::string(mgl::dtype_name(c.w_type)));
-        RouterRig rig(c, ++seed);
-        const kernels::MoeRouterParams p = rig.params();
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        kernels::moe_router(p, stream);
-        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        cudaGraphExec_t exec;
-        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        // New rows every time, eager launches and graph replays in turn: each launch must find
-        // the counter at zero and leave it there.
-        for (int rep = 0; rep < 4; ++rep) {
-            CAPTURE(rep);
-            const auto xv = rig.upload_x(seed * 10 + uint64_t(rep));
-            if (rep % 2 == 0) {
-                kernels::moe_router(p, stream);
-            } else {
-                CUDA_CHECK(cudaGraphLaunch(exec, stream));
-            }
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            CHECK(rig.counter.download<unsigned>()[0] == 0u);
-            const RouterOut got = rig.fused.download();
-            rig.run_unfused(stream);
-            const RouterOut want = rig.unfused.download();
-            check_equal(got.x_norm, want.x_norm, "x_norm vs rms_norm");
-            check_equal(got.logits, want.logits, "logits vs matmul");
-            check_equal(got.probs, want.probs, "probs vs moe_route");
-            check_equal(got.ids, want.ids, "ids vs moe_route");
-            check_equal(got.weights, want.weights, "weights vs moe_route");
-            rig.check_reference(got, xv);
-        }
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-        CUDA_CHECK(cudaGraphDestroy(graph));
-    }
-    CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
 TEST_CASE("cuda moe launchers reject bad parameters before touching the device") {
     kernels::MoeRoutingParams r;
     r.n_tokens = 1;
@@ -417,37 +205,6 @@ TEST_CASE("cuda moe launchers reject bad parameters before touching the device")
     r.n_experts = 8;
     r.route = grouped(4, 3, 1);  // 8 experts do not split into 3 groups
     CHECK_THROWS_AS(kernels::moe_topk(r, nullptr), mgl::error);
-    {
-        // moe_router: the weights it streams, at most 8 tokens, the counter it needs.
-        const uint64_t fake = 0x1000;  // never dereferenced: every call throws first
-        float* f = reinterpret_cast<float*>(fake);
-        kernels::MoeRouterParams q;
-        q.x = f;
-        q.x_norm = f + 4096;
-        q.logits = f;
-        q.w = f;
-        q.n_embd = 64;
-        q.routing.n_tokens = 1;
-        q.routing.n_experts = 8;
-        q.routing.route = greedy(2);
-        q.routing.ids = reinterpret_cast<int32_t*>(f);
-        q.routing.weights = f;
-        CHECK_THROWS_AS(kernels::moe_router(q, nullptr), mgl::error);  // no counter
-        q.counter = reinterpret_cast<unsigned*>(f);
-        q.routing.n_tokens = 9;
-        CHECK_THROWS_AS(kernels::moe_router(q, nullptr), mgl::error);
-        q.routing.n_tokens = 1;
-        q.w_type = mgl::dtype::f8_e4m3;
-        CHECK_THROWS_AS(kernels::moe_router(q, nullptr), mgl::error);
-        CHECK_FALSE(kernels::moe_router_weight_ok(mgl::dtype::f8_e4m3, f, 64, 64));
-        CHECK_FALSE(kernels::moe_router_weight_ok(mgl::dtype::bf16, f + 1, 128, 64));
-        CHECK_FALSE(kernels::moe_router_weight_ok(mgl::dtype::bf16, f, 128, 60));
-        CHECK(kernels::moe_router_weight_ok(mgl::dtype::bf16, f, 128, 64));
-        CHECK(kernels::moe_router_weight_ok(mgl::dtype::f32, f + 1, 256, 63));
-        q.w_type = mgl::dtype::bf16;
-        q.x_norm = f + 32;  // overlaps x
-        CHECK_THROWS_AS(kernels::moe_router(q, nullptr), mgl::error);
-    }
     r.route = greedy(2);
     CHECK_THROWS_AS(kernels::moe_topk(r, nullptr), mgl::error);  // no probs / ids
 

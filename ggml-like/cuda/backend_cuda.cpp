@@ -92,7 +92,7 @@ private:
 struct graph_plan {
     launch_list launches;
     size_t nodes = 0;
-    int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0, fused_router = 0;
+    int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
     bool warmed_up = false;  // one eager run before capturing (lazy module loads, cuBLAS setup)
     graph_exec recording;
     uint64_t recorded_workspace_generation = 0;
@@ -120,12 +120,9 @@ public:
           fusions_(fusion_switches_from_env(o.fuse)),
           stream_((use_device(), cuda::stream())),
           cublas_(stream_.get(), size_t(32) << 20),
-          error_record_(sizeof(device_error)),
-          counters_(256) {
+          error_record_(sizeof(device_error)) {
         *host_error() = device_error{};
         error_device_ = static_cast<device_error*>(error_record_.device_pointer());
-        // Before any launch that uses them, on the same stream.
-        CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.size(), stream_.get()));
     }
 
     ~cuda_backend() override {
@@ -212,12 +209,11 @@ public:
         if (verbose_) {
             std::fprintf(stderr,
                          "cuda: graph %llu: %zu nodes -> %zu launches (fused: %d norm, %d "
-                         "residual, %d route, %d mla_prep, %d router); arena %.1f MiB, workspace "
-                         "%.1f + %.1f MiB\n",
+                         "residual, %d route, %d mla_prep); arena %.1f MiB, workspace %.1f + "
+                         "%.1f MiB\n",
                          (unsigned long long)g.version, p.nodes, p.launches.steps.size(),
                          p.fused_norm, p.fused_residual, p.fused_route, p.fused_mla_prep,
-                         p.fused_router, mib(a.buf->size()), mib(matmul_ws_.mem.size()),
-                         mib(scratch_.mem.size()));
+                         mib(a.buf->size()), mib(matmul_ws_.mem.size()), mib(scratch_.mem.size()));
         }
     }
 
@@ -265,7 +261,6 @@ public:
         out.fused_residual = p.fused_residual;
         out.fused_route = p.fused_route;
         out.fused_mla_prep = p.fused_mla_prep;
-        out.fused_router = p.fused_router;
         out.captured = bool(p.recording);
         out.graph_launches = p.graph_launches;
         out.eager_runs = p.eager_runs;
@@ -342,7 +337,6 @@ private:
         p->fused_residual = fusions.n_residual;
         p->fused_route = fusions.n_route;
         p->fused_mla_prep = fusions.n_mla_prep;
-        p->fused_router = fusions.n_router;
         p->title =
             std::to_string(g.nodes.size()) + "-node graph" + (g.reusable ? " (reusable)" : "");
         reserve(matmul_ws_, p->launches.matmul_workspace_bytes, true);
@@ -380,7 +374,6 @@ private:
         e.scratch_bytes = scratch_.mem.size();
         e.error = error_device_;
         e.pdl = pdl_;
-        e.counters = static_cast<unsigned*>(counters_.get());
         return e;
     }
 
@@ -496,7 +489,6 @@ private:
     cublas_handle cublas_;
     pinned_memory error_record_;
     device_error* error_device_ = nullptr;
-    device_memory counters_;  // exec_env::counters
     workspace matmul_ws_, scratch_;
     std::map<const rope_params*, std::pair<std::shared_ptr<const rope_params>, device_memory>>
         rope_tables_;

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "matmul.h"
-#include "moe.h"
 
 namespace mgl::cuda {
 
@@ -16,7 +15,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep = fusion_switches::none();
+    fusion_switches keep{false, false, false, false};
     if (s != "0" && s != "none") {
         std::stringstream list(s);
         for (std::string name; std::getline(list, name, ',');) {
@@ -28,18 +27,16 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.route = true;
             } else if (name == "mla_prep") {
                 keep.mla_prep = true;
-            } else if (name == "router") {
-                keep.router = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, residual, route, "
-                            "mla_prep, router)");
+                            "mla_prep)");
             }
         }
     }
     // The environment only turns fusions off.
     return {on.norm && keep.norm, on.residual && keep.residual, on.route && keep.route,
-            on.mla_prep && keep.mla_prep, on.router && keep.router};
+            on.mla_prep && keep.mla_prep};
 }
 
 namespace {
@@ -72,7 +69,6 @@ public:
     }
 
     fusion_plan run() {
-        if (on_.router) find_routers();
         if (on_.route) find_routes();
         if (on_.mla_prep) find_mla_preps();
         if (on_.norm) find_norms();
@@ -90,8 +86,7 @@ private:
     bool is_output(const tensor* t) const { return outputs_.count(t) != 0; }
     size_t step(const tensor* t) const { return step_.at(t); }
     bool taken(const tensor* t) const {
-        return p_.skipped.count(t) || p_.route_at.count(t) || p_.router_at.count(t) ||
-               p_.prep_at.count(t);
+        return p_.skipped.count(t) || p_.route_at.count(t) || p_.prep_at.count(t);
     }
 
     // Every reader of a member outside the group runs after the group's step.
@@ -111,61 +106,19 @@ private:
         return false;
     }
 
-    // w = moe_weights(softmax(logits), moe_topk(that softmax)) in a shape moe_route takes.
-    static bool is_route(const tensor* w) {
-        if (w->op_kind != op::moe_weights) return false;
-        const tensor* s = w->src[0];
-        const tensor* k = w->src[1];
-        if (s->op_kind != op::softmax || k->op_kind != op::moe_topk || k->src[0] != s) return false;
-        if (s->iparams[0] != 0 || s->fparams[0] != 1.0f || s->n_dims != 2) return false;
-        if (!inner_contiguous_f32(*s->src[0]) || s->src[0]->stride[0] % 4 != 0) return false;
-        if (s->shape[1] > 1024 || w->iparams[0] != k->iparams[0]) return false;
-        return topk_method(k->iparams[1]) != topk_method::group_limited_greedy ||
-               k->iparams[2] <= 32;
-    }
-
-    // The route's logits = matmul(rms_norm(x), W) of at most moe_router_max_tokens rows, with
-    // x, the norm weight and W in layouts moe_router reads.
-    static bool is_router(const tensor* w) {
-        const tensor* mm = w->src[0]->src[0];
-        if (mm->op_kind != op::matmul || mm->n_dims != 2 || mm->src[2] || !mm->is_contiguous())
-            return false;
-        const tensor* norm = mm->src[0];
-        const tensor* router_w = mm->src[1];
-        if (norm->op_kind != op::rms_norm || norm->n_dims != 2 || router_w == norm) return false;
-        const int64_t T = norm->shape[0], D = norm->shape[1];
-        if (T < 1 || T > minids::kernels::moe_router_max_tokens) return false;
-        const tensor* x = norm->src[0];
-        if (x->n_dims != 2 || !inner_contiguous_f32(*x) || x->stride[0] % 4 != 0 ||
-            !norm_weight_ok(norm->src[1]))
-            return false;
-        return router_w->n_dims == 2 && router_w->shape[1] == D &&
-               router_w->stride[1] == int64_t(dtype_size(router_w->type)) &&
-               minids::kernels::moe_router_weight_ok(router_w->type, router_w->data,
-                                                     router_w->stride[0], D);
-    }
-
-    void find_routers() {
-        for (tensor* w : g_.nodes) {
-            if (!is_route(w) || !is_router(w)) continue;
-            tensor* s = w->src[0];
-            tensor* mm = s->src[0];
-            std::vector<tensor*> members{mm->src[0], mm, s, w->src[1], w};
-            bool free = true;
-            for (tensor* m : members) free = free && !taken(m);
-            if (!free || !outside_readers_after(members, w)) continue;
-            p_.router_at[w] = router_group{mm->src[0], mm, route_group{s, w->src[1], w}};
-            for (tensor* m : members)
-                if (m != w) p_.skipped.insert(m);
-            ++p_.n_router;
-        }
-    }
-
     void find_routes() {
         for (tensor* w : g_.nodes) {
-            if (!is_route(w)) continue;
+            if (w->op_kind != op::moe_weights) continue;
             tensor* s = w->src[0];
             tensor* k = w->src[1];
+            if (s->op_kind != op::softmax || k->op_kind != op::moe_topk || k->src[0] != s) continue;
+            if (s->iparams[0] != 0 || s->fparams[0] != 1.0f || s->n_dims != 2) continue;
+            if (!inner_contiguous_f32(*s->src[0]) || s->src[0]->stride[0] % 4 != 0) continue;
+            const int64_t E = s->shape[1];
+            if (E > 1024 || w->iparams[0] != k->iparams[0]) continue;
+            if (topk_method(k->iparams[1]) == topk_method::group_limited_greedy &&
+                k->iparams[2] > 32)
+                continue;
             if (taken(s) || taken(k) || taken(w)) continue;
             if (!outside_readers_after({s, k, w}, w)) continue;
             p_.route_at[w] = route_group{s, k, w};
@@ -297,12 +250,6 @@ private:
             for (tensor* m : {r.softmax, r.topk}) {
                 also_read(r.weights, m);  // written at the group's step
                 for (tensor* s : m->src) also_read(r.weights, s);
-            }
-        }
-        for (auto& [w, r] : p_.router_at) {
-            for (tensor* m : {r.norm, r.logits, r.route.softmax, r.route.topk}) {
-                also_read(r.route.weights, m);  // written at the group's step
-                for (tensor* s : m->src) also_read(r.route.weights, s);
             }
         }
         for (auto& [at, grp] : p_.prep_at) {

@@ -7,18 +7,14 @@
 //             is written (the residual epilogue), when the add is the product's only consumer.
 //   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
 //             weights.
-//   router    rms_norm -> matmul(router weight) -> route, for at most moe_router_max_tokens rows
-//             (decode): one moe_router launch writes the normed x (its other readers, the
-//             experts, run after), the logits, probs, ids and weights. Taken before route and
-//             norm; the router weight must be bf16 (16-byte rows) or f32.
 //   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
 //             layer, for MLA's decode prologue.
 //
 // A node is fused away only when it is not a graph output and nothing outside its group reads
-// it, except outputs the fused kernel writes anyway (probs and ids of route; every member of
-// router; q_pe, kv_cmpr and k_pe of mla_prep), whose outside readers must run after the group. A
-// group runs at the step of its last member; `also_reads` tells the memory planner what that step
-// reads, so nothing it needs is reused before.
+// it, except outputs the fused kernel writes anyway (probs and ids of route; q_pe, kv_cmpr and
+// k_pe of mla_prep), whose outside readers must run after the group. A group runs at the step of
+// its last member; `also_reads` tells the memory planner what that step reads, so nothing it
+// needs is reused before.
 #pragma once
 
 #include <unordered_map>
@@ -42,12 +38,6 @@ struct route_group {
     tensor* weights = nullptr;  // the step it runs at
 };
 
-struct router_group {
-    tensor* norm = nullptr;    // rms_norm of the residual stream; also read by moe_experts
-    tensor* logits = nullptr;  // matmul(norm, router weight)
-    route_group route;         // route.weights is the step it runs at
-};
-
 struct mla_prep_group {
     tensor* kv_norm = nullptr;   // rms_norm of kv_cmpr
     tensor* k_rope = nullptr;    // rope of k_pe
@@ -64,11 +54,10 @@ struct fusion_plan {
     std::unordered_map<const tensor*, tensor*> residual_add;    // matmul / moe_experts -> the add
     std::unordered_map<const tensor*, tensor*> producer_of;     // the add -> matmul / moe_experts
     std::unordered_map<const tensor*, route_group> route_at;    // keyed by the weights node
-    std::unordered_map<const tensor*, router_group> router_at;  // keyed by the weights node
     std::unordered_map<const tensor*, mla_prep_group> prep_at;  // keyed by run_at
     std::unordered_set<const tensor*> skipped;  // nodes whose work runs in another step
     std::vector<std::pair<tensor*, tensor*>> also_reads;
-    int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_router = 0;
+    int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0;
 };
 
 fusion_plan plan_fusions(const graph& g, const fusion_switches& on);

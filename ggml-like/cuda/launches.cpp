@@ -323,38 +323,6 @@ launch_step route_step(const route_group& g) {
     return {"moe_route", g.weights, [p](const exec_env& env) { kn::moe_route(p, env.stream); }};
 }
 
-launch_step router_step(const router_group& g) {
-    const tensor& norm = *g.norm;
-    const tensor& x = *norm.src[0];
-    const tensor& router_w = *g.logits->src[1];
-    kn::MoeRouterParams p;
-    p.x = f32_data(&x);
-    p.x_stride = x.stride[0] / 4;
-    if (const tensor* w = norm.src[1]) {
-        p.norm_w = w->data;
-        p.norm_w_type = w->type;
-    }
-    p.eps = norm.fparams[0];
-    p.x_norm = f32_data(&norm);
-    p.x_norm_stride = norm.shape[1];
-    p.w = router_w.data;
-    p.w_type = router_w.type;
-    p.w_row_stride = router_w.stride[0];
-    p.n_embd = x.shape[1];
-    p.logits = f32_data(g.logits);
-    p.routing = routing_params(*g.logits, norm.shape[0]);
-    p.routing.probs_out = f32_data(g.route.softmax);
-    p.routing.ids = static_cast<int32_t*>(g.route.topk->data);
-    p.routing.weights = f32_data(g.route.weights);
-    set_topk(p.routing, *g.route.topk);
-    set_weighting(p.routing, *g.route.weights);
-    return {"moe_router", g.route.weights, [p](const exec_env& env) {
-                kn::MoeRouterParams q = p;
-                q.counter = env.counters;
-                kn::moe_router(q, env.stream);
-            }};
-}
-
 launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
                              size_t& scratch) {
     const tensor& x = *n.src[0];
@@ -655,10 +623,6 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         if (f.skipped.count(n)) continue;
         if (auto it = f.route_at.find(n); it != f.route_at.end()) {
             out.steps.push_back(route_step(it->second));
-            continue;
-        }
-        if (auto it = f.router_at.find(n); it != f.router_at.end()) {
-            out.steps.push_back(router_step(it->second));
             continue;
         }
         if (auto it = f.prep_at.find(n); it != f.prep_at.end()) {

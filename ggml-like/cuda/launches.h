@@ -27,9 +27,6 @@ struct exec_env {
     size_t scratch_bytes = 0;
     device_error* error = nullptr;  // device address of the backend's error record
     bool pdl = false;               // programmatic dependent launch for the gemv matmuls
-    // Device counters, zeroed once by the backend; every launch that uses one leaves it zero
-    // (moe_router's last-block hand-over uses the first).
-    unsigned* counters = nullptr;
 };
 
 struct launch_step {

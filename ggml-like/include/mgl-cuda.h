@@ -48,9 +48,6 @@ struct cuda_fusions {
     bool residual = true;  // matmul -> add, moe_experts -> add: the residual epilogue
     bool route = true;     // softmax -> moe_topk -> moe_weights: one moe_route launch
     bool mla_prep = true;  // rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): mla_prep
-    bool router = true;    // rms_norm -> matmul(router) -> route (T <= 8): one moe_router launch
-
-    static cuda_fusions none() { return {false, false, false, false, false}; }
 };
 
 struct cuda_options {
@@ -84,7 +81,7 @@ struct cuda_graph_info {
     bool known = false;  // allocated by this backend
     size_t nodes = 0;
     size_t launches = 0;  // steps compute() enqueues (a fused group is one)
-    int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0, fused_router = 0;
+    int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
     bool captured = false;        // a CUDA graph is recorded for it
     uint64_t graph_launches = 0;  // computes served by launching the recorded CUDA graph
     uint64_t eager_runs = 0;      // computes run launch by launch
