@@ -276,6 +276,10 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
         const OffloadStats& st = offload.stats();
         CHECK(st.steps == 1 + int64_t(tokens.size()));
         CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
+        // The simulator's model of the device fetch predicts the engine exactly.
+        const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
+        CHECK(st.hits == sim.hits);
+        CHECK(st.fills == sim.fills);
         CHECK(st.fills > slots);  // slots were refilled
         CHECK(st.hits > 0);
         if (slots == 8) CHECK(st.reads_in_place > 0);

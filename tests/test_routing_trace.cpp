@@ -307,6 +307,22 @@ TEST_CASE("routing CLI: gen, stats, sim and fit end to end") {
     CHECK(adm[2]["fills_per_token"].get<double>() < adm[2]["misses_per_token"].get<double>());
     CHECK(adm[3]["hit_rate"].get<double>() >= adm[2]["hit_rate"].get<double>());
     CHECK(adm[3]["hit_rate"].get<double>() >= adm[1]["hit_rate"].get<double>());
+    // The engine's device fetch next to the host rules: decay and decay@device (belady has no
+    // device row); a gen trace's tokens are one pass each, so --decode changes nothing.
+    r = run_minids({"routing", "sim", trace, "--slots", "8/layer", "--policy", "decay,belady",
+                    "--fetch", "both", "-o", "json"});
+    REQUIRE(r.status == 0);
+    const auto dev = nlohmann::json::parse(r.out)["results"];
+    REQUIRE(dev.size() == 3);
+    CHECK(dev[0]["fetch"] == "host");
+    CHECK(dev[1]["fetch"] == "device");
+    CHECK(dev[1]["policy"] == "decay");
+    CHECK(dev[2]["policy"] == "belady");
+    CHECK(dev[2]["hit_rate"].get<double>() >= dev[1]["hit_rate"].get<double>());
+    r = run_minids({"routing", "sim", trace, "--slots", "8/layer", "--policy", "decay", "--fetch",
+                    "device", "--decode", "-o", "json"});
+    REQUIRE(r.status == 0);
+    CHECK(nlohmann::json::parse(r.out)["results"][0]["hit_rate"] == dev[1]["hit_rate"]);
     r = run_minids({"routing", "sim", trace, "--slots", "8/layer", "-o", "csv"});
     REQUIRE(r.status == 0);
     CHECK(lines_of(r.out).size() == 5);  // header + 4 policies

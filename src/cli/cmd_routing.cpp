@@ -103,6 +103,8 @@ struct SweepOptions {
     bool per_layer = false;
     double decay_half_life = 128;
     std::string admit = "all";
+    std::string fetch = "host";
+    bool decode = false;
 };
 
 void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
@@ -125,6 +127,16 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
                    "the policy ranks above its victim; the others are used once without being "
                    "cached; shown as policy+admit, belady+admit being the optimum with bypass)")
         ->capture_default_str();
+    cmd.add_option("--fetch", o.fetch,
+                   "host (the simulator's rules above, the engine's host fetch), device (the "
+                   "engine's device fetch: victims fixed before each forward pass, misses "
+                   "without one read in place; global pools, online policies, admission all; "
+                   "shown as policy@device) or both")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"host", "device", "both"}));
+    cmd.add_flag("--decode", o.decode,
+                 "device fetch: every token its own forward pass, as if the text were decoded "
+                 "token by token (by default a recorded prompt chunk is one pass, as in the run)");
     cmd.add_option("--decay-half-life", o.decay_half_life,
                    "decay: a count halves every this many accesses to its layer's experts "
                    "(top-k per token)")
@@ -181,9 +193,17 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
                         rows.push_back(row);
                         continue;
                     }
-                    if (p == Policy::belady && next.empty()) next = next_uses(tr);
-                    row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
-                    rows.push_back(std::move(row));
+                    if (o.fetch != "device") {
+                        if (p == Policy::belady && next.empty()) next = next_uses(tr);
+                        row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
+                        rows.push_back(row);
+                    }
+                    // The device fetch: where the engine can run it.
+                    if (o.fetch != "host" && !per_layer && a == Admission::all &&
+                        policy_is_online(p)) {
+                        row.result = simulate_device_fetch(tr, c, o.decode);
+                        rows.push_back(std::move(row));
+                    }
                 }
             }
         }

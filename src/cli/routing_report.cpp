@@ -21,9 +21,12 @@ std::string fmt(const char* f, double v) {
 
 std::string pools_name(const CacheConfig& c) { return c.per_layer ? "per-layer" : "global"; }
 
-// The policy as the tables name it: "decay", or "decay+admit" with frequency admission.
-std::string policy_label(const CacheConfig& c) {
-    return std::string(policy_name(c.policy)) + (c.admit == Admission::frequency ? "+admit" : "");
+// The policy as the tables name it: "decay", "decay+admit" with frequency admission, and
+// "decay@device" for the engine's device fetch.
+std::string policy_label(const SimResult& r) {
+    const CacheConfig& c = r.config;
+    return std::string(policy_name(c.policy)) + (c.admit == Admission::frequency ? "+admit" : "") +
+           (r.device_fetch ? "@device" : "");
 }
 
 double cached_fraction(const RoutingTrace& tr, int64_t slots) {
@@ -68,7 +71,7 @@ std::string md_rule(size_t n) {
 const SimResult* belady_for(const std::vector<SweepRow>& rows, const SweepRow& r) {
     for (const auto& o : rows) {
         if (o.skipped.empty() && o.result.config.policy == Policy::belady &&
-            o.result.config.admit == Admission::all &&
+            o.result.config.admit == Admission::all && !o.result.device_fetch &&
             o.result.config.per_layer == r.result.config.per_layer &&
             o.result.config.n_slots == r.result.config.n_slots)
             return &o.result;
@@ -78,10 +81,13 @@ const SimResult* belady_for(const std::vector<SweepRow>& rows, const SweepRow& r
 
 nlohmann::json row_json(const RoutingTrace& tr, const SweepRow& r) {
     const CacheConfig& c = r.result.config;
-    nlohmann::json j = {
-        {"pools", pools_name(c)},          {"slots", c.n_slots},
-        {"slots_label", r.slots_label},    {"cached_fraction", cached_fraction(tr, c.n_slots)},
-        {"policy", policy_name(c.policy)}, {"admit", admission_name(c.admit)}};
+    nlohmann::json j = {{"pools", pools_name(c)},
+                        {"slots", c.n_slots},
+                        {"slots_label", r.slots_label},
+                        {"cached_fraction", cached_fraction(tr, c.n_slots)},
+                        {"policy", policy_name(c.policy)},
+                        {"admit", admission_name(c.admit)},
+                        {"fetch", r.result.device_fetch ? "device" : "host"}};
     if (!r.skipped.empty()) {
         j["skipped"] = r.skipped;
         return j;
@@ -211,7 +217,7 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
             const CacheConfig& c = r.result.config;
             std::vector<std::string> cells = {pools_name(c), std::to_string(c.n_slots),
                                               fmt("%.4f", cached_fraction(tr, c.n_slots)),
-                                              policy_label(c)};
+                                              policy_label(r.result)};
             if (!r.skipped.empty()) {
                 cells.resize(head.size(), "");
                 out += csv_join(cells);
@@ -235,7 +241,7 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
     std::map<std::tuple<std::string, int64_t, std::string>, const SweepRow*> cell;
     for (const auto& r : rows) {
         const CacheConfig& c = r.result.config;
-        const std::string p = policy_label(c);
+        const std::string p = policy_label(r.result);
         if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
         const auto key = std::make_pair(pools_name(c), c.n_slots);
         if (std::find(configs.begin(), configs.end(), key) == configs.end()) configs.push_back(key);
@@ -283,7 +289,7 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
         std::vector<std::string> cells = {
             pools_name(c),
             std::to_string(c.n_slots),
-            policy_label(c),
+            policy_label(r.result),
             fmt("%.3f", r.result.hit_rate()),
             b ? fmt("%+.1f pt", 100 * (r.result.hit_rate() - b->hit_rate())) : "",
             fmt("%.2f", r.result.misses_per_token()),

@@ -1,5 +1,6 @@
 #include "routing/simulator.h"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
@@ -78,6 +79,71 @@ SimResult simulate(const RoutingTrace& tr, CacheConfig c, const std::vector<int3
             }
             run<BeladyPolicy>(tr, c, next, r);
             break;
+    }
+    r.accesses = tr.n_tokens * tr.row_size();
+    for (int64_t h : r.layer_hits) r.hits += h;
+    return r;
+}
+
+SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool token_steps,
+                                int64_t max_fills) {
+    c.n_layers = tr.shape.n_moe_layers();
+    c.n_experts = tr.shape.n_experts;
+    check_config(c, tr.shape.top_k);
+    if (c.per_layer || c.policy == Policy::belady)
+        throw std::invalid_argument("device fetch: one global pool and an online policy only");
+    const int32_t L = c.n_layers, E = c.n_experts, k = tr.shape.top_k;
+    SimResult r;
+    r.config = c;
+    r.device_fetch = true;
+    r.n_tokens = tr.n_tokens;
+    r.expert_bytes = tr.shape.expert_bytes;
+    r.layer_hits.assign(size_t(L), 0);
+    r.layer_accesses.assign(size_t(L), tr.n_tokens * k);
+    auto cache = make_expert_cache(c);
+    std::vector<int32_t> slot_key(size_t(c.n_slots), -1);
+    std::vector<int64_t> uses(static_cast<size_t>(E));
+    for (int64_t t0 = 0; t0 < tr.n_tokens;) {
+        int64_t t1 = t0 + 1;  // one forward pass: the tokens of one step
+        while (!token_steps && t1 < tr.n_tokens && !tr.step.empty() &&
+               tr.step[size_t(t1)] == tr.step[size_t(t0)])
+            ++t1;
+        const int64_t T = t1 - t0;
+        int64_t offer = std::min<int64_t>(c.n_slots, int64_t(L) * std::min<int64_t>(E, T * k));
+        if (max_fills > 0) offer = std::min(offer, max_fills);
+        std::vector<int32_t> victims = cache->victims(int32_t(offer));
+        if (T * k >= E) std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
+        size_t next = 0;
+        for (int32_t l = 0; l < L; ++l) {
+            std::fill(uses.begin(), uses.end(), 0);
+            for (int64_t t = t0; t < t1; ++t)
+                for (int32_t j = 0; j < k; ++j) ++uses[tr.ids_at(t, l)[j]];
+            for (int32_t e = 0; e < E; ++e) {
+                const int64_t u = uses[size_t(e)];
+                if (u == 0) continue;
+                if (cache->slot_of(l, e) >= 0) {
+                    r.layer_hits[size_t(l)] += u;
+                    for (int64_t i = 0; i < u; ++i) cache->access(l, e, {}, false);
+                    continue;
+                }
+                int32_t slot = -1;
+                while (slot < 0 && next < victims.size()) {
+                    const int32_t v = victims[next++];
+                    const int32_t occ = slot_key[size_t(v)];
+                    if (occ >= 0 && occ / E == l && uses[size_t(occ % E)] > 0) continue;
+                    slot = v;
+                }
+                if (slot < 0) {
+                    for (int64_t i = 0; i < u; ++i) cache->bypass(l, e);
+                    continue;
+                }
+                cache->place(l, e, slot);
+                slot_key[size_t(slot)] = l * E + e;
+                ++r.fills;
+                for (int64_t i = 1; i < u; ++i) cache->access(l, e, {}, false);
+            }
+        }
+        t0 = t1;
     }
     r.accesses = tr.n_tokens * tr.row_size();
     for (int64_t h : r.layer_hits) r.hits += h;

@@ -22,6 +22,7 @@ struct SimResult {
     int64_t fills = 0;  // misses loaded into a slot (all of them unless admission refused some)
     std::vector<int64_t> layer_accesses, layer_hits;  // per MoE layer
     uint64_t expert_bytes = 0;
+    bool device_fetch = false;  // simulate_device_fetch: the engine's device fetch
 
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
     double layer_hit_rate(size_t l) const {
@@ -42,5 +43,14 @@ std::vector<int32_t> next_uses(const RoutingTrace& trace);
 // `next` is next_uses(trace), needed for belady only (computed when null).
 SimResult simulate(const RoutingTrace& trace, CacheConfig config,
                    const std::vector<int32_t>* next = nullptr);
+
+// The engine's device fetch (docs/expert-cache.md): each forward pass of the trace (its `step`;
+// with `token_steps` every token, as if the text were decoded token by token) is offered the
+// policy's victims before it (free slots only for a prompt chunk, T·k >= E; at most
+// `max_fills_per_step` when positive), then every layer's distinct experts, in increasing id,
+// hit, take the next victim whose expert this layer does not use, or are read in place
+// (bypass). Hits count the uses of experts in a slot when their layer began. One global pool.
+SimResult simulate_device_fetch(const RoutingTrace& trace, CacheConfig config,
+                                bool token_steps = false, int64_t max_fills_per_step = 0);
 
 }  // namespace minids::routing
