@@ -22,6 +22,7 @@ CliResult run_script(const std::string& script) {
     TempDir dir;
     const std::string cmd = "BIN=" + shell_quote(minids_binary().string()) +
                             " MODEL=" + shell_quote(cli_converted_fixture().string()) +
+                            " MODEL_DEMO=" + shell_quote((models_dir() / "demo.mds").string()) +
                             " DIR=" + shell_quote(dir.path.string()) + " sh -c " +
                             shell_quote(script);
     CliResult r;
@@ -51,6 +52,24 @@ TEST_CASE("signals: Ctrl-C stops minids run's generation, exit 130") {
     INFO("stderr: " << r.err);
     CHECK(r.status == 130);
     CHECK(r.err.find("interrupted") != std::string::npos);
+}
+
+TEST_CASE("signals: Ctrl-C with the expert cache fetching on the device: exit 130, counters") {
+    // The demo model with 24 of its 160 experts in slots: the step fetches misses itself
+    // (on the CPU the same bookkeeping as on a GPU); the interrupt lands mid-generation.
+    CliResult r = run_script(wait_for + R"(
+        "$BIN" run -m "$MODEL_DEMO" -p "Return the number of" -n 20000 -c 30000 --ignore-eos \
+            --temp 0 -t 1 --expert-cache-slots 24 >"$DIR/out" 2>"$DIR/err" &
+        pid=$!
+        wait_for "$DIR/err" loaded && sleep 0.3
+        kill -INT $pid
+        wait $pid
+        echo $? >"$DIR/status")");
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 130);
+    CHECK(r.err.find("interrupted") != std::string::npos);
+    CHECK(r.err.find("misses fetched into slots by the step") != std::string::npos);
+    CHECK(r.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
 }
 
 TEST_CASE("signals: chat stops the answer at the first Ctrl-C and goes on") {

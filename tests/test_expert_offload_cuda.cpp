@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -178,6 +179,70 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
         CHECK(worst <= 1e-6);
         CHECK(st.fills > slots);
         CHECK(st.hits > 0);
+    }
+}
+
+namespace {
+
+// Pages the process has pinned (/proc/self/status VmPin: what cudaHostRegister and pinned
+// allocations hold through the kernel), in KiB; -1 when the kernel does not report it.
+int64_t pinned_kib() {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind("VmPin:", 0) == 0) return std::stoll(line.substr(6));
+    return -1;
+}
+
+size_t free_device_bytes() {
+    size_t free_b = 0, total = 0;
+    REQUIRE(cudaMemGetInfo(&free_b, &total) == cudaSuccess);
+    return free_b;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "cuda expert offload: nothing stays allocated or pinned once the cache and model are gone" *
+    doctest::skip(no_gpu)) {
+    // The driver's own counters: free device memory (cudaMemGetInfo) and the pages the process
+    // has pinned. Three rounds of load (experts in a registered host store), a cache fetching
+    // on the device, a prompt and decoded tokens, then everything destroyed: after the first
+    // round (which may load modules and libraries once) nothing may grow.
+    const std::string path = (models_dir() / "demo.mds").string();
+    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    std::vector<size_t> free_after;
+    std::vector<int64_t> pinned_after;
+    const int64_t pinned_before = pinned_kib();
+    for (int round = 0; round < 3; ++round) {
+        {
+            TestModel m = open_cuda(path, false);
+            routing::CacheConfig cfg;
+            cfg.policy = routing::Policy::decay;
+            cfg.n_slots = 24;
+            ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
+            Session s(*m.model, *m.backend, SessionParams{});
+            offload.attach(s);
+            std::vector<float> last = s.eval(prompt);
+            for (int i = 0; i < 8; ++i) {
+                const int32_t one[1] = {argmax(last)};
+                last = s.eval(one);
+            }
+            REQUIRE(offload.stats().fills > 0);
+        }
+        free_after.push_back(free_device_bytes());
+        pinned_after.push_back(pinned_kib());
+    }
+    MESSAGE("CUDA expert offload, leak check: free device memory after rounds 1-3: "
+            << free_after[0] / (1 << 20) << ", " << free_after[1] / (1 << 20) << ", "
+            << free_after[2] / (1 << 20) << " MiB; pinned before " << pinned_before
+            << " KiB, after rounds 1-3: " << pinned_after[0] << ", " << pinned_after[1] << ", "
+            << pinned_after[2] << " KiB");
+    constexpr size_t slack = 4u << 20;  // allocator granularity
+    CHECK(free_after[2] + slack >= free_after[0]);
+    CHECK(free_after[1] + slack >= free_after[0]);
+    if (pinned_before >= 0) {
+        CHECK(pinned_after[0] == pinned_before);
+        CHECK(pinned_after[2] == pinned_before);
     }
 }
 
