@@ -1,5 +1,5 @@
 // Helpers for the expert cache tests (CPU and CUDA): an empty routing trace shaped like a model,
-// the table invariant, and argmax.
+// the table invariant, argmax, and the model's own greedy run to compare a cached run against.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,6 +13,7 @@
 #include "model/deepseek2.h"
 #include "routing/trace.h"
 #include "runtime/expert_offload.h"
+#include "runtime/session.h"
 
 namespace minids::test {
 
@@ -28,6 +29,33 @@ inline routing::RoutingTrace empty_trace(const Deepseek2Model& m) {
 
 inline int32_t argmax(std::span<const float> v) {
     return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The prompt every expert cache test evaluates, and the run a cached model must reproduce.
+inline const std::vector<int32_t> offload_test_prompt = {1,    1561, 305, 4200, 53,   99,
+                                                         2047, 12,   640, 7,    3001, 88};
+
+struct ReferenceRun {
+    std::vector<float> prompt_logits;             // every prompt position
+    std::vector<int32_t> tokens;                  // the greedy continuation
+    std::vector<std::vector<float>> step_logits;  // after each continuation token
+};
+
+// The prompt's logits and `n_decode` greedy steps of `model` as loaded (no cache).
+inline ReferenceRun greedy_reference(const Deepseek2Model& model, mgl::backend& backend,
+                                     const SessionParams& params, int64_t n_decode) {
+    ReferenceRun r;
+    Session s(model, backend, params);
+    r.prompt_logits = s.eval(offload_test_prompt, /*all_logits=*/true);
+    const auto V = std::ptrdiff_t(model.config().vocab_size);
+    std::vector<float> last(r.prompt_logits.end() - V, r.prompt_logits.end());
+    for (int64_t i = 0; i < n_decode; ++i) {
+        r.tokens.push_back(argmax(last));
+        const int32_t one[1] = {r.tokens.back()};
+        last = s.eval(one);
+        r.step_logits.push_back(last);
+    }
+    return r;
 }
 
 // Every table entry, as the backend holds it, is the expert's home or a slot whose bytes are

@@ -26,23 +26,13 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel plain = open_test_model(path);
     TestModel cached = open_test_model(path);
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 24;
-
     // Without a cache: the prompt's logits and a greedy continuation.
-    Session ref(*plain.model, *plain.backend, SessionParams{});
-    const std::vector<float> ref_prompt = ref.eval(prompt, /*all_logits=*/true);
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> ref_steps;
-    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(plain.model->config().vocab_size),
-                            ref_prompt.end());
-    for (int64_t i = 0; i < n_decode; ++i) {
-        const int32_t next = argmax(last);
-        tokens.push_back(next);
-        const int32_t one[1] = {next};
-        last = ref.eval(one);
-        ref_steps.push_back(last);
-    }
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, n_decode);
+    const std::vector<float>& ref_prompt = ref.prompt_logits;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
 
     using routing::Admission;
     struct Case {
@@ -161,19 +151,11 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel plain = open_test_model(path);
     TestModel cached = open_test_model(path);
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
-    Session ref(*plain.model, *plain.backend, SessionParams{});
-    const std::vector<float> ref_prompt = ref.eval(prompt, true);
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> ref_steps;
-    const int64_t V = plain.model->config().vocab_size;
-    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
-    for (int i = 0; i < 24; ++i) {
-        tokens.push_back(argmax(last));
-        const int32_t one[1] = {tokens.back()};
-        last = ref.eval(one);
-        ref_steps.push_back(last);
-    }
+    const std::vector<int32_t>& prompt = offload_test_prompt;
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
+    const std::vector<float>& ref_prompt = ref.prompt_logits;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
     for (int64_t delay : {1, 3}) {
         CAPTURE(delay);
         routing::CacheConfig cfg;
@@ -232,19 +214,11 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel plain = open_test_model(path);
     TestModel cached = open_test_model(path);
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
-    Session ref(*plain.model, *plain.backend, SessionParams{});
-    const std::vector<float> ref_prompt = ref.eval(prompt, true);
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> ref_steps;
-    const int64_t V = plain.model->config().vocab_size;
-    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
-    for (int i = 0; i < 24; ++i) {
-        tokens.push_back(argmax(last));
-        const int32_t one[1] = {tokens.back()};
-        last = ref.eval(one);
-        ref_steps.push_back(last);
-    }
+    const std::vector<int32_t>& prompt = offload_test_prompt;
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
+    const std::vector<float>& ref_prompt = ref.prompt_logits;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
     // 8 slots: fewer than a step's misses, so some are read in place (the victims run out).
     for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(12)},
                                         {routing::Policy::lru, int64_t(24)},

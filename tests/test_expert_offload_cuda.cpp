@@ -52,23 +52,14 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
     REQUIRE(offloaded.model->weights().placement().experts_in_place);
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
-    const int64_t V = resident.model->config().vocab_size;
-
     SessionParams sp;
     sp.kv_type = mgl::dtype::bf16;
-    Session ref(*resident.model, *resident.backend, sp);
-    const std::vector<float> ref_prompt = ref.eval(prompt, true);
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> ref_steps;
-    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
-    for (int64_t i = 0; i < n_decode; ++i) {
-        tokens.push_back(argmax(last));
-        const int32_t one[1] = {tokens.back()};
-        last = ref.eval(one);
-        ref_steps.push_back(last);
-    }
+    const ReferenceRun ref = greedy_reference(*resident.model, *resident.backend, sp, n_decode);
+    const std::vector<float>& ref_prompt = ref.prompt_logits;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
 
     // The third case fills the slots on a copy stream (mgl::transfer_queue) beside the steps.
     for (const auto& [policy, slots, copy_stream] :
@@ -130,22 +121,14 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
-    const int64_t V = resident.model->config().vocab_size;
     SessionParams sp;
     sp.kv_type = mgl::dtype::bf16;
-    Session ref(*resident.model, *resident.backend, sp);
-    const std::vector<float> ref_prompt = ref.eval(prompt, true);
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> ref_steps;
-    std::vector<float> last(ref_prompt.end() - std::ptrdiff_t(V), ref_prompt.end());
-    for (int64_t i = 0; i < n_decode; ++i) {
-        tokens.push_back(argmax(last));
-        const int32_t one[1] = {tokens.back()};
-        last = ref.eval(one);
-        ref_steps.push_back(last);
-    }
+    const ReferenceRun ref = greedy_reference(*resident.model, *resident.backend, sp, n_decode);
+    const std::vector<float>& ref_prompt = ref.prompt_logits;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
     auto read = [](void* dst, const void* src, size_t n) {
         REQUIRE(cudaMemcpy(dst, src, n, cudaMemcpyDefault) == cudaSuccess);
     };
@@ -209,7 +192,7 @@ TEST_CASE(
     // on the device, a prompt and decoded tokens, then everything destroyed: after the first
     // round (which may load modules and libraries once) nothing may grow.
     const std::string path = (models_dir() / "demo.mds").string();
-    const std::vector<int32_t> prompt = {1, 1561, 305, 4200, 53, 99, 2047, 12, 640, 7, 3001, 88};
+    const std::vector<int32_t>& prompt = offload_test_prompt;
     std::vector<size_t> free_after;
     std::vector<int64_t> pinned_after;
     const int64_t pinned_before = pinned_kib();
