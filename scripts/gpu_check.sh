@@ -139,6 +139,11 @@ bench_model() {  # $1 = expert dtype
         MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 32 -d 32768 -r 1 \
             -o md > /dev/null 2> "$OUT/profile_f8_d32k.log"
         say "profile f8_e4m3: $(grep -c 'cuda profile' "$OUT/profile_f8.log") tables in profile_f8.log"
+        # The expert cache's decode step per launch: the expert_fetch rows are the time the
+        # step spends fetching misses (its stall on the host link).
+        MINIDS_CUDA_PROFILE=1 timeout 200 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
+            --vram-budget 12GiB > /dev/null 2> "$OUT/profile_f8_offload.log"
+        say "profile f8_e4m3 offload 12GiB, decode graph: $(grep -m1 -E '^ +[0-9.]+ +[0-9.]+% +[0-9]+ +[0-9.]+ +expert_fetch' "$OUT/profile_f8_offload.log" | awk '{print $2 " of the step in expert_fetch (" $1 " us per token)"}')"
     fi
     for t in "$OUT/bench_$1.md" "$OUT/bench_$1_d32k.md"; do
         [[ -f $t ]] && grep -E '\| (pp|tg)[0-9]' "$t" | while read -r line; do say "bench $1: $line"; done
