@@ -40,6 +40,9 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
     const int E = p.n_experts;
     const int64_t layer = p.layer;
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    // The copy kernel may be scheduled now: it waits for this grid to complete (and its
+    // writes to be visible) before it reads anything (griddepcontrol.wait).
+    asm volatile("griddepcontrol.launch_dependents;");
     for (int i = tid; i < max_experts / 32; i += plan_threads) s.used[i] = 0;
     __syncthreads();
     for (int64_t i = tid; i < p.n_ids; i += plan_threads) {
@@ -135,6 +138,9 @@ __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
 
 // Block (b, j): chunks b, b + gridDim.x, ... of the layer's j-th fill, if the plan made one.
 __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
+    // Launched dependent on the plan (ExpertFetchParams::pdl): nothing is read before it is
+    // done. A no-op in an ordinary launch.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const mgl::expert_fetch_header* h = p.state;
     const int64_t f = h->layer_fills + blockIdx.y;
     if (f >= h->n_fills) return;
@@ -160,8 +166,18 @@ void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
     const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
     const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
                     unsigned(most_fills));
-    fetch_copy_kernel<<<grid, copy_threads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(copy_threads);
+    cfg.stream = stream;
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    if (p.pdl) {
+        cfg.attrs = pdl;
+        cfg.numAttrs = 1;
+    }
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, fetch_copy_kernel, p));
 }
 
 }  // namespace minids::kernels

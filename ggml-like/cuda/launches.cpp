@@ -235,7 +235,11 @@ launch_step expert_fetch_step(const tensor& n) {
     p.layer = n.iparams[0];
     p.n_experts = int32_t(n.src[0]->shape[0]);
     p.blob_bytes = int64_t(n.experts->blob_bytes);
-    return {"expert_fetch", &n, [p](const exec_env& env) { kn::expert_fetch(p, env.stream); }};
+    return {"expert_fetch", &n, [p](const exec_env& env) {
+                kn::ExpertFetchParams q = p;
+                q.pdl = env.pdl;
+                kn::expert_fetch(q, env.stream);
+            }};
 }
 
 launch_step kv_store_step(const tensor& n) {
