@@ -10,23 +10,6 @@ namespace minids {
 namespace {
 
 constexpr uint64_t kSlotAlign = 256;
-constexpr size_t kHeaderWords = sizeof(mgl::expert_fetch_header) / sizeof(int64_t);
-static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
-
-// Where the device fetch's arrays sit in its state buffer, in i64 words: the header and the fill
-// log first (after a step the host downloads both in one copy), then what the host writes.
-struct StateLayout {
-    size_t fill_log, tables, homes, victims, slot_keys, words;
-    StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots) {
-        fill_log = kHeaderWords;
-        tables = fill_log + size_t(n_slots);  // a (key, slot) pair of i32 per word
-        homes = tables + size_t(n_layers);
-        victims = homes + size_t(n_layers * n_experts);
-        slot_keys = victims + size_t(n_slots + 1) / 2;
-        words = slot_keys + size_t(n_slots + 1) / 2;
-    }
-};
-
 }  // namespace
 
 ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
@@ -63,68 +46,12 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
     if (device_fetch) setup_device_fetch();
 }
 
-void ExpertOffload::setup_device_fetch() {
-    const int64_t L = config_.n_layers, E = config_.n_experts, S = config_.n_slots;
-    const StateLayout at(L, E, S);
-    if (!state_) {  // once: recorded graphs keep the state's address
-        state_buf_ = backend_.alloc_buffer(at.words * sizeof(int64_t));
-        state_ = state_ctx_.new_tensor(mgl::dtype::i64, {int64_t(at.words)}, "expert_fetch_state");
-        mgl::bind(*state_, *state_buf_, 0);
-    }
-    victims_.clear();
-    std::vector<int64_t> init(at.words, 0);
-    auto* base = static_cast<int64_t*>(state_buf_->base());  // backend addresses
-    mgl::expert_fetch_header h;
-    h.n_layers = L;
-    h.n_experts = E;
-    h.n_slots = S;
-    h.blob_bytes = int64_t(blob_bytes_);
-    h.slot_base = slot_address(0);
-    h.slot_stride = int64_t(slot_stride_);
-    h.tables = reinterpret_cast<int64_t>(base + at.tables);
-    h.homes = reinterpret_cast<int64_t>(base + at.homes);
-    h.victims = reinterpret_cast<int64_t>(base + at.victims);
-    h.slot_keys = reinterpret_cast<int64_t>(base + at.slot_keys);
-    h.fill_log = reinterpret_cast<int64_t>(base + at.fill_log);
-    std::memcpy(init.data(), &h, sizeof h);
-    const auto& tables = store_.expert_tables();
-    for (int64_t l = 0; l < L; ++l) {
-        init[at.tables + size_t(l)] = reinterpret_cast<int64_t>(tables[size_t(l)].t->data);
-        for (int64_t e = 0; e < E; ++e)
-            init[at.homes + size_t(l * E + e)] = tables[size_t(l)].home[size_t(e)];
-    }
-    auto* keys = reinterpret_cast<int32_t*>(init.data() + at.slot_keys);
-    std::fill(keys, keys + S, -1);
-    backend_.copy_to_backend(base, init.data(), init.size() * sizeof(int64_t));
-}
-
 void ExpertOffload::attach(Session& session) {
     session.set_expert_cache_hook([this](const RoutingRecord& r) { after_step(r); });
     // Always set, so a session that had another cache's fetch forgets it.
     session.set_expert_fetch(
         state_,
         state_ ? std::function<void(int64_t)>([this](int64_t n) { before_step(n); }) : nullptr);
-}
-
-void ExpertOffload::before_step(int64_t n_tokens) {
-    if (!state_) return;
-    const int64_t L = config_.n_layers, E = config_.n_experts;
-    // At most one fill per distinct expert a layer uses.
-    const int64_t most = L * std::min<int64_t>(E, n_tokens * top_k_);
-    victims_ = cache_->victims(int32_t(std::min<int64_t>(config_.n_slots, most)));
-    // A prompt chunk uses nearly every expert of every layer once: an eviction would only
-    // make a later layer of the same chunk miss what it evicted, so only free slots are
-    // offered and the other misses are read in place (each crosses the link once either way).
-    if (n_tokens * top_k_ >= E)
-        std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
-    counters_ = {int64_t(victims_.size()), 0, 0,
-                 0};  // n_victims, next_victim, n_fills, layer_fills
-    const StateLayout at(L, E, config_.n_slots);
-    auto* base = static_cast<int64_t*>(state_buf_->base());
-    if (!victims_.empty())
-        backend_.copy_to_backend_async(base + at.victims, victims_.data(),
-                                       victims_.size() * sizeof(int32_t));
-    backend_.copy_to_backend_async(base, counters_.data(), counters_.size() * sizeof(int64_t));
 }
 
 ExpertOffload::~ExpertOffload() {
@@ -198,61 +125,6 @@ void ExpertOffload::occupy(int32_t slot, int32_t key) {
         shadow_[size_t(old / E)][size_t(old % E)] = home(old / E, old % E);
     slot_key_[size_t(slot)] = key;
     shadow_[size_t(key / E)][size_t(key % E)] = slot_address(slot);
-}
-
-void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
-    const int32_t L = config_.n_layers, E = config_.n_experts;
-    const int64_t per_layer = r.n_tokens * r.k;
-    // The header's counters and the fill log, in one download.
-    const size_t words = kHeaderWords + victims_.size();
-    log_host_.resize(words);
-    backend_.download(*state_, log_host_.data(), 0, words * sizeof(int64_t));
-    mgl::expert_fetch_header h;
-    std::memcpy(&h, log_host_.data(), sizeof h);
-    if (h.n_fills < 0 || h.n_fills > int64_t(victims_.size()) || h.next_victim < 0 ||
-        h.next_victim > int64_t(victims_.size()))
-        throw std::logic_error("expert cache: the device fetch's counters are out of range");
-    const auto* log = reinterpret_cast<const int32_t*>(log_host_.data() + kHeaderWords);
-    int64_t f = 0;
-    std::vector<int64_t> uses(static_cast<size_t>(E));
-    for (int32_t l = 0; l < L; ++l) {
-        std::fill(uses.begin(), uses.end(), 0);
-        for (int64_t i = 0; i < per_layer; ++i) {
-            const int32_t e = r.ids[size_t(int64_t(l) * per_layer + i)];
-            if (e >= 0 && e < E) ++uses[size_t(e)];
-        }
-        // The device's order: a layer's experts by increasing id, the fills among them logged.
-        for (int32_t e = 0; e < E; ++e) {
-            const int64_t u = uses[size_t(e)];
-            if (u == 0) continue;
-            const int32_t key = l * E + e;
-            stats_.accesses += u;
-            int64_t hits = u;
-            if (f < h.n_fills && log[2 * f] == key) {
-                const int32_t slot = log[2 * f + 1];
-                ++f;
-                occupy(slot, key);
-                cache_->place(l, e, slot);
-                hits = u - 1;  // the later uses of the chunk find it in its slot
-                ++stats_.fills;
-                stats_.bytes_filled += blob_bytes_;
-            } else if (shadow_[size_t(l)][size_t(e)] == home(l, e)) {
-                ++stats_.reads_in_place;
-                stats_.bytes_read_in_place += blob_bytes_;
-                for (int64_t i = 0; i < u; ++i) cache_->bypass(l, e);
-                continue;
-            } else {
-                stats_.hits += u;
-            }
-            for (int64_t i = 0; i < hits; ++i) {
-                if (cache_->access(l, e, {}, false).outcome != routing::AccessResult::hit)
-                    throw std::logic_error("expert cache: the policy lost a resident expert");
-            }
-        }
-    }
-    if (f != h.n_fills)
-        throw std::logic_error("expert cache: the device's fill log does not follow the routing");
-    ++stats_.steps;
 }
 
 void ExpertOffload::after_step(const RoutingRecord& r) {
