@@ -1,6 +1,7 @@
 // The expert cache's device fetch: plan (one block) and copy (one block per chunk of a fill).
-// The plan follows ggml-like/cpu/ops_expert_fetch.cpp exactly (same order, same skips) so the
-// host's replay of the fill log, and the CPU tests, describe what the GPU did.
+// The plan follows ggml-like/cpu/ops_expert_fetch.cpp exactly (same order, same skips, the same
+// ranks compared) so the host's replay of the fill log, the CPU tests and the simulator
+// (routing::simulate_device_fetch) describe what the GPU did.
 #include "cuda_check.h"
 #include "expert_fetch.h"
 
@@ -8,6 +9,9 @@ namespace minids::kernels {
 namespace {
 
 constexpr int max_experts = 1024;
+// This step's arrivals a miss may re-evict (the host recycles only when a step cannot fill more:
+// kMostRecycledArrivals in src/runtime/expert_offload_device.cpp).
+constexpr int max_arrivals = 512;
 constexpr int plan_threads = 256;
 constexpr int copy_threads = 256;
 constexpr int64_t copy_chunk = 128 << 10;  // bytes a copy block moves per pass
@@ -25,9 +29,21 @@ struct PlanShared {
     int32_t cand_key[2 * max_experts];  // each candidate slot's expert, or -1
     int32_t fill_slot[max_experts];     // per miss: its slot, or -1
     int32_t fill_evicted[max_experts];  // per miss: the key it evicted, or -1
-    int32_t n_misses, n_cands, n_fills;
-    int64_t next_victim, first_fill;
+    int32_t fill_took[max_experts];     // per miss: the arrival it re-evicted, or -1
+    // This step's arrivals from earlier layers (slot, its key and that key's arrival rank).
+    int32_t arr_slot[max_arrivals];
+    int32_t arr_key[max_arrivals];
+    double arr_priority[max_arrivals];
+    unsigned long long arr_stamp[max_arrivals];
+    int32_t n_misses, n_cands, n_fills, n_arr;
+    int64_t next_victim, first_fill, first_arrival;
+    bool recycle;
 };
+
+__device__ __forceinline__ bool ranks_lower(double pa, unsigned long long sa, double pb,
+                                            unsigned long long sb) {
+    return pa < pb || (pa == pb && sa < sb);
+}
 
 __device__ __forceinline__ bool is_used(const PlanShared& s, int32_t e) {
     return (s.used[e >> 5] >> (e & 31)) & 1u;
@@ -63,6 +79,10 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
         s.n_misses = m;
         s.next_victim = h->next_victim;
         s.first_fill = h->n_fills;
+        s.first_arrival = h->n_arrivals;
+        s.recycle = h->recycle != 0 && m > 0;
+        const int64_t n_arr = h->n_arrivals;
+        s.n_arr = int32_t(n_arr < max_arrivals ? n_arr : max_arrivals);
         // Each skipped victim holds a distinct used expert, so m + n_used candidates suffice.
         // With every used expert in a slot (the usual decode step) no candidate is read.
         const int64_t left = h->n_victims - s.next_victim, enough = m == 0 ? 0 : m + n_used;
@@ -76,26 +96,62 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
         s.cand_slot[i] = v;
         s.cand_key[i] = slot_keys[v];
     }
+    const auto* arrivals = reinterpret_cast<const int32_t*>(h->arrivals);
+    const auto* key_ranks = reinterpret_cast<const mgl::expert_fetch_rank*>(h->key_ranks);
+    for (int i = tid; s.recycle && i < s.n_arr; i += plan_threads) {
+        const int32_t slot = arrivals[i];
+        s.arr_slot[i] = slot;
+        s.arr_key[i] = slot < 0 ? -1 : slot_keys[slot];
+        if (slot >= 0) {
+            s.arr_priority[i] = key_ranks[s.arr_key[i]].priority;
+            s.arr_stamp[i] = key_ranks[s.arr_key[i]].stamp;
+        }
+    }
     __syncthreads();
-    if (tid == 0) {  // match misses to candidates in order, skipping slots this layer reads
+    if (tid == 0) {
+        // Each miss takes the next candidate this layer does not read (those it reads are passed
+        // over for good), or this step's lowest-ranked arrival from another layer when that ranks
+        // lower; with neither, this and every later miss are read in place.
+        const auto* victim_ranks = reinterpret_cast<const mgl::expert_fetch_rank*>(h->victim_ranks);
         int c = 0, f = 0;
         for (; f < s.n_misses; ++f) {
-            int32_t slot = -1, key = -1;
-            while (slot < 0 && c < s.n_cands) {
-                const int32_t k = s.cand_key[c], v = s.cand_slot[c];
+            while (c < s.n_cands) {
+                const int32_t k = s.cand_key[c];
+                if (!(k >= 0 && k / E == layer && is_used(s, k % E))) break;
                 ++c;
-                if (k >= 0 && k / E == layer && is_used(s, k % E)) continue;
-                slot = v;
-                key = k;
             }
-            if (slot < 0) break;
-            s.fill_slot[f] = slot;
-            s.fill_evicted[f] = key;
+            int best = -1;
+            for (int i = 0; s.recycle && i < s.n_arr; ++i) {
+                if (s.arr_slot[i] < 0 || s.arr_key[i] / E == layer) continue;
+                if (best < 0 || ranks_lower(s.arr_priority[i], s.arr_stamp[i], s.arr_priority[best],
+                                            s.arr_stamp[best]))
+                    best = i;
+            }
+            bool take_arrival = best >= 0;
+            if (take_arrival && c < s.n_cands) {
+                const mgl::expert_fetch_rank r = victim_ranks[s.next_victim + c];
+                take_arrival =
+                    ranks_lower(s.arr_priority[best], s.arr_stamp[best], r.priority, r.stamp);
+            }
+            if (take_arrival) {
+                s.fill_slot[f] = s.arr_slot[best];
+                s.fill_evicted[f] = s.arr_key[best];
+                s.fill_took[f] = best;
+                s.arr_slot[best] = -1;
+            } else if (c < s.n_cands) {
+                s.fill_slot[f] = s.cand_slot[c];
+                s.fill_evicted[f] = s.cand_key[c];
+                s.fill_took[f] = -1;
+                ++c;
+            } else {
+                break;
+            }
         }
         s.n_fills = f;
         h->next_victim = s.next_victim + c;
         h->layer_fills = s.first_fill;
         h->n_fills = s.first_fill + f;
+        h->n_arrivals = s.first_arrival + f;
     }
     __syncthreads();
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
@@ -109,6 +165,9 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
         p.table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
         fill_log[2 * (s.first_fill + f)] = key;
         fill_log[2 * (s.first_fill + f) + 1] = slot;
+        auto* arrivals_out = reinterpret_cast<int32_t*>(h->arrivals);
+        if (s.fill_took[f] >= 0) arrivals_out[s.fill_took[f]] = -1;
+        arrivals_out[s.first_arrival + f] = slot;
     }
 }
 

@@ -1,5 +1,6 @@
 // expert_fetch on the CPU: the expert cache's device fetch with host memory for "device" memory,
-// so the CPU tests run the same bookkeeping the CUDA kernels do (kernels/expert_fetch.cu).
+// so the CPU tests run the same bookkeeping the CUDA kernels do (kernels/expert_fetch.cu) and
+// routing::simulate_device_fetch predicts.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,21 +27,40 @@ void run_expert_fetch(exec_context&, tensor& node) {
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
+    const auto* victim_ranks = reinterpret_cast<const expert_fetch_rank*>(h->victim_ranks);
+    const auto* key_ranks = reinterpret_cast<const expert_fetch_rank*>(h->key_ranks);
     auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
     auto* fill_log = reinterpret_cast<int32_t*>(h->fill_log);
+    auto* arrivals = reinterpret_cast<int32_t*>(h->arrivals);
     h->layer_fills = h->n_fills;
     for (int64_t e = 0; e < E; ++e) {
         const int64_t key = layer * E + e;
         if (!used[size_t(e)] || table[e] != homes[key]) continue;  // unused, or in a slot
-        int32_t slot = -1;
-        while (slot < 0 && h->next_victim < h->n_victims) {
-            const int32_t v = victims[h->next_victim++];
-            const int32_t occupant = slot_keys[v];
-            // A slot this layer reads stays: its kernels run after this fetch.
-            if (occupant >= 0 && occupant / E == layer && used[size_t(occupant % E)]) continue;
-            slot = v;
+        // The next offered victim this layer does not read (its kernels run after this fetch).
+        while (h->next_victim < h->n_victims) {
+            const int32_t occupant = slot_keys[victims[h->next_victim]];
+            if (occupant < 0 || occupant / E != layer || !used[size_t(occupant % E)]) break;
+            ++h->next_victim;
         }
-        if (slot < 0) return;  // no victim left: the rest are read in place
+        // This step's lowest-ranked arrival from another layer.
+        int64_t best = -1;
+        for (int64_t i = 0; h->recycle && i < h->n_arrivals; ++i) {
+            if (arrivals[i] < 0 || slot_keys[arrivals[i]] / E == layer) continue;
+            if (best < 0 || ranks_lower(key_ranks[slot_keys[arrivals[i]]],
+                                        key_ranks[slot_keys[arrivals[best]]]))
+                best = i;
+        }
+        int32_t slot = -1;
+        if (best >= 0 &&
+            (h->next_victim >= h->n_victims ||
+             ranks_lower(key_ranks[slot_keys[arrivals[best]]], victim_ranks[h->next_victim]))) {
+            slot = arrivals[best];
+            arrivals[best] = -1;
+        } else if (h->next_victim < h->n_victims) {
+            slot = victims[h->next_victim++];
+        } else {
+            continue;  // nothing to evict: read in place
+        }
         if (const int32_t occupant = slot_keys[slot]; occupant >= 0)
             reinterpret_cast<int64_t*>(tables[occupant / E])[occupant % E] = homes[occupant];
         auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
@@ -50,6 +70,7 @@ void run_expert_fetch(exec_context&, tensor& node) {
         fill_log[2 * h->n_fills] = int32_t(key);
         fill_log[2 * h->n_fills + 1] = slot;
         ++h->n_fills;
+        arrivals[h->n_arrivals++] = slot;
     }
 }
 

@@ -162,16 +162,30 @@ struct expert_fetch_header {
     int64_t next_victim = 0;  // victims taken or skipped so far (the host zeroes it)
     int64_t n_fills = 0;      // entries of fill_log written so far (the host zeroes it)
     int64_t layer_fills = 0;  // the first fill of the layer being fetched
+    int64_t recycle = 0;      // 1: a miss may take this step's earlier arrival that ranks lower
+    int64_t n_arrivals = 0;   // entries of arrivals written so far (the host zeroes it)
     // Fixed while the cache exists.
     int64_t n_layers = 0, n_experts = 0, n_slots = 0;
     int64_t blob_bytes = 0;
     int64_t slot_base = 0, slot_stride = 0;  // address of slot 0; bytes from one slot to the next
-    int64_t tables = 0;     // [n_layers] i64: the address of each MoE layer's expert table
-    int64_t homes = 0;      // [n_layers · n_experts] i64: where each expert lives off the slots
-    int64_t victims = 0;    // [n_slots] i32: slots the host offers, best victim first
-    int64_t slot_keys = 0;  // [n_slots] i32: the key of each slot's expert, or -1
-    int64_t fill_log = 0;   // [n_slots] pairs of i32 (key, slot), in the order they were filled
+    int64_t tables = 0;        // [n_layers] i64: the address of each MoE layer's expert table
+    int64_t homes = 0;         // [n_layers · n_experts] i64: where each expert lives off the slots
+    int64_t victims = 0;       // [n_slots] i32: slots the host offers, best victim first
+    int64_t slot_keys = 0;     // [n_slots] i32: the key of each slot's expert, or -1
+    int64_t fill_log = 0;      // [n_slots] pairs of i32 (key, slot), in the order they were filled
+    int64_t victim_ranks = 0;  // [n_slots] expert_fetch_rank of victims[i] (free: -inf)
+    int64_t key_ranks = 0;     // [n_layers · n_experts] expert_fetch_rank a key takes on arrival
+    int64_t arrivals = 0;      // [n_slots] i32: slots filled in this step (-1: taken again)
 };
+// A slot's place in the cache policy's eviction order: the lower (priority, then stamp) goes
+// first.
+struct expert_fetch_rank {
+    double priority = 0;
+    uint64_t stamp = 0;
+};
+inline bool ranks_lower(const expert_fetch_rank& a, const expert_fetch_rank& b) {
+    return a.priority < b.priority || (a.priority == b.priority && a.stamp < b.stamp);
+}
 
 struct buffer;
 
@@ -270,12 +284,14 @@ tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table
 // The expert cache's device fetch for MoE layer `layer` (its index among the tables of
 // `state`, an i64 tensor whose memory starts with an expert_fetch_header). Every distinct
 // expert e of ids ([T, k] i32), in increasing order, whose table entry ([E] i64) is its home
-// (not a slot) takes the next victim slot the host offered, unless that slot holds an expert
-// this layer uses (then it is skipped and the next one is tried): the expert's blob is copied
-// from its home into the slot, its entry pointed at the slot, the slot's previous expert's entry
-// pointed home (in whichever layer's table), and (key, slot) appended to the fill log. With no
-// victim left the entry stays home and moe_experts reads the expert in place. Returns an alias
-// of `table` that moe_experts must take, which orders the fetch before the read.
+// (not a slot) takes a slot: the next victim the host offered that this layer does not read
+// (one it reads is passed over for good), unless `recycle` is set and an earlier arrival of
+// this step from another layer ranks lower (key_ranks of its expert against victim_ranks of
+// the victim), which is then taken instead. The expert's blob is copied from its home into the
+// slot, its entry pointed at the slot, the slot's previous expert's entry pointed home (in
+// whichever layer's table), (key, slot) appended to the fill log and the slot to the arrivals.
+// With no slot to take the entry stays home and moe_experts reads the expert in place. Returns
+// an alias of `table` that moe_experts must take, which orders the fetch before the read.
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                      std::shared_ptr<const expert_layout> layout);
 

@@ -100,6 +100,11 @@ public:
         check(layer, expert);
         pools_.bypass(layer, expert, hint);
     }
+    Rank rank(int32_t slot) const override { return pools_.rank(slot); }
+    Rank arrival_rank(int32_t layer, int32_t expert) const override {
+        check(layer, expert);
+        return pools_.arrival_rank(layer, expert);
+    }
 
 private:
     void check(int32_t layer, int32_t expert) const {

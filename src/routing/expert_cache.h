@@ -137,6 +137,10 @@ public:
         r.slot = slot;
         return r;
     }
+    // The slot's place in the eviction order, and the place `key` would take if filled at the
+    // next access (the device fetch ranks this step's arrivals against its victims with them).
+    Rank rank(int32_t slot) const { return policy_.rank(slot); }
+    Rank arrival_rank(int32_t key) const { return policy_.arrival_rank(key, now_); }
     // A use of a key that the engine kept out of the pool (read in place): counted by the
     // policies that count uses, nothing moves.
     void bypass(int32_t key, AccessHint hint = {}) {
@@ -249,6 +253,10 @@ public:
     void bypass(int32_t layer, int32_t expert, const AccessHint& h) {
         global().bypass(layer * n_experts_ + expert, h);
     }
+    Rank rank(int32_t slot) const { return global().rank(slot); }
+    Rank arrival_rank(int32_t layer, int32_t expert) const {
+        return global().arrival_rank(layer * n_experts_ + expert);
+    }
     // Releases the pins of the pool that serves `layer` (all pins, for a global pool).
     void unpin_layer(int32_t layer) { pools_[pools_.size() == 1 ? 0 : size_t(layer)].unpin_all(); }
     int32_t slot_of(int32_t layer, int32_t expert) const {
@@ -292,6 +300,10 @@ public:
     virtual AccessResult place(int32_t layer, int32_t expert, int32_t slot,
                                const AccessHint& hint = {}) = 0;
     virtual void bypass(int32_t layer, int32_t expert, const AccessHint& hint = {}) = 0;
+    // A filled slot's place in the eviction order, and the place an expert would take if it
+    // were filled at the next access (one global pool).
+    virtual Rank rank(int32_t slot) const = 0;
+    virtual Rank arrival_rank(int32_t layer, int32_t expert) const = 0;
     const CacheConfig& config() const { return config_; }
 
 protected:

@@ -11,6 +11,8 @@
 //     // for an engine that evicts on the device (the expert cache's device fetch):
 //     void ranked(int32_t n, std::vector<int32_t>& out);  // the n lowest-ranked slots, in order
 //     void on_bypass(int32_t key, const AccessHint& h);    // a use of a key kept out of the pool
+//     Rank rank(int32_t slot);                 // the slot's place in the order (lower goes first)
+//     Rank arrival_rank(int32_t key, uint64_t now);  // the rank `key` would take if filled now
 // with O(1) (LRU) or O(log n) (heap policies) work per call; victim also skips the pinned slots
 // it meets first, so it costs O(p) or O(p log p) more when p pinned slots rank lowest. A key is
 // layer · n_experts + expert; knowledge about keys (LFU counts, decayed scores) survives their
@@ -21,9 +23,14 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace minids::routing {
+
+// A slot's place in a policy's eviction order: lower (priority, then stamp) is evicted first.
+using Rank = std::pair<double, uint64_t>;
+constexpr Rank never_evicted{std::numeric_limits<double>::infinity(), 0};
 
 struct AccessHint {
     uint64_t now = 0;  // the pool's access counter (set by the pool)
@@ -41,12 +48,18 @@ public:
         prev_.assign(size_t(n_slots), -1);
         next_.assign(size_t(n_slots), -1);
         linked_.assign(size_t(n_slots), 0);
+        stamp_.assign(size_t(n_slots), 0);
         head_ = tail_ = -1;
     }
     void on_hit(int32_t slot, int32_t, const AccessHint& h) {
-        if (h.use) move_to_front(slot);
+        if (!h.use) return;
+        move_to_front(slot);
+        stamp_[size_t(slot)] = h.now;
     }
-    void on_fill(int32_t slot, int32_t, const AccessHint&) { move_to_front(slot); }
+    void on_fill(int32_t slot, int32_t, const AccessHint& h) {
+        move_to_front(slot);
+        stamp_[size_t(slot)] = h.now;
+    }
     // LRU keeps no ranking of absent keys to admit by (check_config refuses the combination).
     bool admits(int32_t, int32_t, int32_t, const AccessHint&) { return true; }
     template <class Pinned>
@@ -59,6 +72,9 @@ public:
         for (int32_t s = tail_; s >= 0 && n > 0; s = prev_[size_t(s)], --n) out.push_back(s);
     }
     void on_bypass(int32_t, const AccessHint&) {}
+    Rank rank(int32_t slot) const { return {double(stamp_[size_t(slot)]), 0}; }
+    // An arrival is the most recent: never ranked below a resident.
+    Rank arrival_rank(int32_t, uint64_t) const { return never_evicted; }
 
 private:
     void move_to_front(int32_t s) {
@@ -78,6 +94,7 @@ private:
     }
     std::vector<int32_t> prev_, next_;
     std::vector<uint8_t> linked_;
+    std::vector<uint64_t> stamp_;  // the access that last moved each slot to the front
     int32_t head_ = -1, tail_ = -1;
 };
 
@@ -135,6 +152,11 @@ public:
         return -1;
     }
 
+    // The slot's rank: (priority, stamp), lower is evicted first.
+    Rank rank(int32_t slot) const {
+        const Entry& e = heap_[size_t(pos_[size_t(slot)])];
+        return {e.prio, e.stamp};
+    }
     // Appends the n lowest-ranked slots, lowest first: a best-first walk from the root with a
     // small heap of candidates, O(n log n).
     void lowest(int32_t n, std::vector<int32_t>& out) {
@@ -223,6 +245,10 @@ public:
         return false;
     }
     void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    Rank rank(int32_t slot) const { return heap_.rank(slot); }
+    Rank arrival_rank(int32_t key, uint64_t now) const {
+        return {double(count_[size_t(key)] + 1), now};
+    }
     void on_bypass(int32_t key, const AccessHint& h) {
         if (h.use) ++count_[size_t(key)];
     }
@@ -272,6 +298,12 @@ public:
         return false;
     }
     void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    Rank rank(int32_t slot) const { return heap_.rank(slot); }
+    // The key's score with one more use at `now`, in the frame the heap holds (no rescale).
+    Rank arrival_rank(int32_t key, uint64_t now) const {
+        const double t = double(now) * ticks_per_access_;
+        return {score_[size_t(key)] + std::exp2((t - base_) / half_life_), now};
+    }
     void on_bypass(int32_t key, const AccessHint& h) {
         if (h.use) add_use(key, h);
     }
@@ -333,6 +365,8 @@ public:
     }
     void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
     void on_bypass(int32_t, const AccessHint&) {}
+    Rank rank(int32_t slot) const { return heap_.rank(slot); }
+    Rank arrival_rank(int32_t, uint64_t) const { return never_evicted; }  // offline only
 
 private:
     void update(int32_t slot, const AccessHint& h) {

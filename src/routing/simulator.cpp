@@ -85,8 +85,48 @@ SimResult simulate(const RoutingTrace& tr, CacheConfig c, const std::vector<int3
     return r;
 }
 
-SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool token_steps,
-                                int64_t max_fills) {
+namespace {
+
+constexpr Rank free_rank{-std::numeric_limits<double>::infinity(), 0};
+
+// The device fetch's choice for one miss of layer l (ggml-like/cpu/ops_expert_fetch.cpp and the
+// CUDA plan kernel make the same): the next offered victim the layer does not read (those it
+// reads are passed over for good), unless one of this pass's arrivals from another layer ranks
+// lower, which is what the host rules would evict at this point. -1: nothing to evict.
+int32_t device_fetch_victim(const std::vector<int32_t>& victims,
+                            const std::vector<Rank>& victim_rank, size_t& next,
+                            std::vector<int32_t>& arrivals, const std::vector<Rank>& key_rank,
+                            const std::vector<int32_t>& slot_key, const std::vector<int64_t>& uses,
+                            int32_t l, int32_t E, bool recycle) {
+    while (next < victims.size()) {
+        const int32_t occ = slot_key[size_t(victims[next])];
+        if (occ >= 0 && occ / E == l && uses[size_t(occ % E)] > 0) {
+            ++next;
+            continue;
+        }
+        break;
+    }
+    int best = -1;
+    for (size_t i = 0; recycle && i < arrivals.size(); ++i) {
+        if (arrivals[i] < 0 || slot_key[size_t(arrivals[i])] / E == l) continue;
+        if (best < 0 || key_rank[size_t(slot_key[size_t(arrivals[i])])] <
+                            key_rank[size_t(slot_key[size_t(arrivals[size_t(best)])])])
+            best = int(i);
+    }
+    if (best >= 0 &&
+        (next >= victims.size() ||
+         key_rank[size_t(slot_key[size_t(arrivals[size_t(best)])])] < victim_rank[next])) {
+        const int32_t slot = arrivals[size_t(best)];
+        arrivals[size_t(best)] = -1;
+        return slot;
+    }
+    if (next < victims.size()) return victims[next++];
+    return -1;
+}
+
+}  // namespace
+
+SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool token_steps) {
     c.n_layers = tr.shape.n_moe_layers();
     c.n_experts = tr.shape.n_experts;
     check_config(c, tr.shape.top_k);
@@ -103,17 +143,28 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
     auto cache = make_expert_cache(c);
     std::vector<int32_t> slot_key(size_t(c.n_slots), -1);
     std::vector<int64_t> uses(static_cast<size_t>(E));
+    std::vector<Rank> key_rank(size_t(L) * size_t(E));
     for (int64_t t0 = 0; t0 < tr.n_tokens;) {
         int64_t t1 = t0 + 1;  // one forward pass: the tokens of one step
         while (!token_steps && t1 < tr.n_tokens && !tr.step.empty() &&
                tr.step[size_t(t1)] == tr.step[size_t(t0)])
             ++t1;
         const int64_t T = t1 - t0;
-        int64_t offer = std::min<int64_t>(c.n_slots, int64_t(L) * std::min<int64_t>(E, T * k));
-        if (max_fills > 0) offer = std::min(offer, max_fills);
+        const int64_t offer =
+            std::min<int64_t>(c.n_slots, int64_t(L) * std::min<int64_t>(E, T * k));
         std::vector<int32_t> victims = cache->victims(int32_t(offer));
-        if (T * k >= E) std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
+        // A prompt chunk (every layer uses nearly all its experts) takes free slots only and
+        // never evicts what it brought in; a decode pass may re-evict its own earlier arrivals.
+        const bool prompt = T * k >= E;
+        if (prompt) std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
+        // The ranks as the engine uploads them before the pass.
+        std::vector<Rank> victim_rank(victims.size());
+        for (size_t i = 0; i < victims.size(); ++i)
+            victim_rank[i] = slot_key[size_t(victims[i])] < 0 ? free_rank : cache->rank(victims[i]);
+        for (int32_t l = 0; !prompt && l < L; ++l)
+            for (int32_t e = 0; e < E; ++e) key_rank[size_t(l * E + e)] = cache->arrival_rank(l, e);
         size_t next = 0;
+        std::vector<int32_t> arrivals;
         for (int32_t l = 0; l < L; ++l) {
             std::fill(uses.begin(), uses.end(), 0);
             for (int64_t t = t0; t < t1; ++t)
@@ -126,19 +177,15 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
                     for (int64_t i = 0; i < u; ++i) cache->access(l, e, {}, false);
                     continue;
                 }
-                int32_t slot = -1;
-                while (slot < 0 && next < victims.size()) {
-                    const int32_t v = victims[next++];
-                    const int32_t occ = slot_key[size_t(v)];
-                    if (occ >= 0 && occ / E == l && uses[size_t(occ % E)] > 0) continue;
-                    slot = v;
-                }
+                const int32_t slot = device_fetch_victim(victims, victim_rank, next, arrivals,
+                                                         key_rank, slot_key, uses, l, E, !prompt);
                 if (slot < 0) {
                     for (int64_t i = 0; i < u; ++i) cache->bypass(l, e);
                     continue;
                 }
                 cache->place(l, e, slot);
                 slot_key[size_t(slot)] = l * E + e;
+                arrivals.push_back(slot);
                 ++r.fills;
                 for (int64_t i = 1; i < u; ++i) cache->access(l, e, {}, false);
             }

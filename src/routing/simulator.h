@@ -46,11 +46,12 @@ SimResult simulate(const RoutingTrace& trace, CacheConfig config,
 
 // The engine's device fetch (docs/expert-cache.md): each forward pass of the trace (its `step`;
 // with `token_steps` every token, as if the text were decoded token by token) is offered the
-// policy's victims before it (free slots only for a prompt chunk, T·k >= E; at most
-// `max_fills_per_step` when positive), then every layer's distinct experts, in increasing id,
-// hit, take the next victim whose expert this layer does not use, or are read in place
-// (bypass). Hits count the uses of experts in a slot when their layer began. One global pool.
+// policy's victims before it with their ranks, and every key's rank were it to arrive (free slots
+// only for a prompt chunk, T·k >= E). Every layer's distinct experts, in increasing id, hit, or
+// take the next offered victim the layer does not read, or the pass's own earlier arrival from
+// another layer when that ranks lower (not in a prompt chunk), or are read in place (bypass).
+// Hits count the uses of experts in a slot when their layer began. One global pool.
 SimResult simulate_device_fetch(const RoutingTrace& trace, CacheConfig config,
-                                bool token_steps = false, int64_t max_fills_per_step = 0);
+                                bool token_steps = false);
 
 }  // namespace minids::routing

@@ -145,6 +145,8 @@ private:
     mgl::tensor* state_ = nullptr;
     mgl::buffer_ptr state_buf_;
     std::vector<int32_t> victims_;
+    std::vector<mgl::expert_fetch_rank> victim_ranks_, key_ranks_;
+    int64_t most_fills_ = 0;  // the most fills the step before_step prepared can log
     std::vector<int64_t> counters_;
     std::vector<int64_t> log_host_;
 };

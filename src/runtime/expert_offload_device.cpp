@@ -3,6 +3,7 @@
 // replay of the device's fill log after it. The host fetch is in expert_offload.cpp.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "runtime/expert_offload.h"
@@ -15,18 +16,28 @@ constexpr size_t kHeaderWords = sizeof(mgl::expert_fetch_header) / sizeof(int64_
 static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
 
 // Where the device fetch's arrays sit in its state buffer, in i64 words: the header and the fill
-// log first (after a step the host downloads both in one copy), then what the host writes.
+// log first (after a step the host downloads both in one copy), then the rest. A step fills each
+// key at most once, so the fill log and the arrivals hold n_layers · n_experts entries.
 struct StateLayout {
-    size_t fill_log, tables, homes, victims, slot_keys, words;
+    size_t fill_log, arrivals, victim_ranks, key_ranks, tables, homes, victims, slot_keys, words;
     StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots) {
-        fill_log = kHeaderWords;
-        tables = fill_log + size_t(n_slots);  // a (key, slot) pair of i32 per word
+        const auto keys = size_t(n_layers * n_experts), slots = size_t(n_slots);
+        fill_log = kHeaderWords;                   // a (key, slot) pair of i32 per word
+        arrivals = fill_log + keys;                // i32
+        victim_ranks = arrivals + (keys + 1) / 2;  // two words per expert_fetch_rank
+        key_ranks = victim_ranks + 2 * slots;
+        tables = key_ranks + 2 * keys;
         homes = tables + size_t(n_layers);
-        victims = homes + size_t(n_layers * n_experts);
-        slot_keys = victims + size_t(n_slots + 1) / 2;
-        words = slot_keys + size_t(n_slots + 1) / 2;
+        victims = homes + keys;
+        slot_keys = victims + (slots + 1) / 2;
+        words = slot_keys + (slots + 1) / 2;
     }
 };
+static_assert(sizeof(mgl::expert_fetch_rank) == 2 * sizeof(int64_t));
+
+// The most arrivals a step may rank against its victims: the CUDA plan kernel keeps them in
+// shared memory. A step that could fill more (a long chunk of a few tokens) does not recycle.
+constexpr int64_t kMostRecycledArrivals = 512;
 
 }  // namespace
 
@@ -39,6 +50,7 @@ void ExpertOffload::setup_device_fetch() {
         mgl::bind(*state_, *state_buf_, 0);
     }
     victims_.clear();
+    most_fills_ = 0;
     std::vector<int64_t> init(at.words, 0);
     auto* base = static_cast<int64_t*>(state_buf_->base());  // backend addresses
     mgl::expert_fetch_header h;
@@ -53,6 +65,9 @@ void ExpertOffload::setup_device_fetch() {
     h.victims = reinterpret_cast<int64_t>(base + at.victims);
     h.slot_keys = reinterpret_cast<int64_t>(base + at.slot_keys);
     h.fill_log = reinterpret_cast<int64_t>(base + at.fill_log);
+    h.arrivals = reinterpret_cast<int64_t>(base + at.arrivals);
+    h.victim_ranks = reinterpret_cast<int64_t>(base + at.victim_ranks);
+    h.key_ranks = reinterpret_cast<int64_t>(base + at.key_ranks);
     std::memcpy(init.data(), &h, sizeof h);
     const auto& tables = store_.expert_tables();
     for (int64_t l = 0; l < L; ++l) {
@@ -74,15 +89,42 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     // A prompt chunk uses nearly every expert of every layer once: an eviction would only
     // make a later layer of the same chunk miss what it evicted, so only free slots are
     // offered and the other misses are read in place (each crosses the link once either way).
-    if (n_tokens * top_k_ >= E)
-        std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
-    counters_ = {int64_t(victims_.size()), 0, 0,
-                 0};  // n_victims, next_victim, n_fills, layer_fills
+    const bool prompt = n_tokens * top_k_ >= E;
+    if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
+    most_fills_ = prompt ? int64_t(victims_.size()) : most;
+    // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
+    // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
+    // uploaded with the victims.
+    const bool recycle = !prompt && most <= kMostRecycledArrivals;
     const StateLayout at(L, E, config_.n_slots);
     auto* base = static_cast<int64_t*>(state_buf_->base());
-    if (!victims_.empty())
+    victim_ranks_.resize(victims_.size());
+    for (size_t i = 0; i < victims_.size(); ++i) {
+        const int32_t v = victims_[i];
+        const routing::Rank r = slot_key_[size_t(v)] < 0
+                                    ? routing::Rank{-std::numeric_limits<double>::infinity(), 0}
+                                    : cache_->rank(v);
+        victim_ranks_[i] = {r.first, r.second};
+    }
+    if (!victims_.empty()) {
         backend_.copy_to_backend_async(base + at.victims, victims_.data(),
                                        victims_.size() * sizeof(int32_t));
+        backend_.copy_to_backend_async(base + at.victim_ranks, victim_ranks_.data(),
+                                       victim_ranks_.size() * sizeof(mgl::expert_fetch_rank));
+    }
+    if (recycle) {
+        key_ranks_.resize(size_t(L * E));
+        for (int32_t l = 0; l < L; ++l) {
+            for (int32_t e = 0; e < E; ++e) {
+                const routing::Rank r = cache_->arrival_rank(l, e);
+                key_ranks_[size_t(l * E + e)] = {r.first, r.second};
+            }
+        }
+        backend_.copy_to_backend_async(base + at.key_ranks, key_ranks_.data(),
+                                       key_ranks_.size() * sizeof(mgl::expert_fetch_rank));
+    }
+    // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals
+    counters_ = {int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0};
     backend_.copy_to_backend_async(base, counters_.data(), counters_.size() * sizeof(int64_t));
 }
 
@@ -90,12 +132,12 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const int32_t L = config_.n_layers, E = config_.n_experts;
     const int64_t per_layer = r.n_tokens * r.k;
     // The header's counters and the fill log, in one download.
-    const size_t words = kHeaderWords + victims_.size();
+    const size_t words = kHeaderWords + size_t(most_fills_);
     log_host_.resize(words);
     backend_.download(*state_, log_host_.data(), 0, words * sizeof(int64_t));
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), log_host_.data(), sizeof h);
-    if (h.n_fills < 0 || h.n_fills > int64_t(victims_.size()) || h.next_victim < 0 ||
+    if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
         h.next_victim > int64_t(victims_.size()))
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
     const auto* log = reinterpret_cast<const int32_t*>(log_host_.data() + kHeaderWords);
