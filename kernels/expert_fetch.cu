@@ -3,6 +3,7 @@
 // ranks compared) so the host's replay of the fill log, the CPU tests and the simulator
 // (routing::simulate_device_fetch) describe what the GPU did.
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "expert_fetch.h"
 
 namespace minids::kernels {
@@ -225,18 +226,7 @@ void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
     const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
     const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
                     unsigned(most_fills));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(copy_threads);
-    cfg.stream = stream;
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    if (p.pdl) {
-        cfg.attrs = pdl;
-        cfg.numAttrs = 1;
-    }
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, fetch_copy_kernel, p));
+    launch_maybe_dependent(fetch_copy_kernel, grid, dim3(copy_threads), 0, stream, p.pdl, p);
 }
 
 }  // namespace minids::kernels

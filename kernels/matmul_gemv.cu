@@ -33,6 +33,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "matmul_internal.h"
 
 namespace minids::kernels::detail {
@@ -533,19 +534,7 @@ void launch_gemv(const MatmulParams& p, const GemvPlan& plan, void* workspace,
     const dim3 grid(unsigned(plan.row_blocks), unsigned(plan.split), unsigned(p.batch));
     const dim3 block(unsigned(32 * warps_per_block(c)));
     GemvKernel k = fp8 ? kernel_for<true>(plan.config) : kernel_for<false>(plan.config);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = plan.smem_bytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    if (p.pdl) {
-        cfg.attrs = pdl;
-        cfg.numAttrs = 1;
-    }
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, a));
+    launch_maybe_dependent(k, grid, block, plan.smem_bytes, stream, p.pdl, a);
 }
 
 std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan) {
