@@ -283,21 +283,25 @@ TEST_CASE("routing policy: ranks and arrival ranks order slots as the policy evi
     CHECK(lfu.rank(lfu.slot_of(1)).first == 3.0);
     CHECK(lfu.rank(lfu.slot_of(2)).first == 1.0);
     lfu.bypass(7);
-    CHECK(lfu.arrival_rank(7).first == 2.0);  // one bypassed use, one more on arrival
-    CHECK(lfu.arrival_rank(7) < lfu.rank(lfu.slot_of(1)));
-    CHECK(lfu.rank(lfu.slot_of(2)) < lfu.arrival_rank(7));
+    std::vector<Rank> arrival(10);
+    lfu.arrival_ranks(arrival);
+    CHECK(arrival[7].first == 2.0);  // one bypassed use, one more on arrival
+    CHECK(arrival[7] < lfu.rank(lfu.slot_of(1)));
+    CHECK(lfu.rank(lfu.slot_of(2)) < arrival[7]);
     // Decay: a key with many recent uses arrives above a resident used once long ago.
     SlotPool<DecayPolicy> decay(2, 10, DecayPolicy(4.0));
     decay.access(1, {}, false);
     decay.access(2, {}, false);
     for (int i = 0; i < 20; ++i) decay.bypass(5);
     for (int i = 0; i < 20; ++i) decay.access(2, {}, false);
-    CHECK(decay.rank(decay.slot_of(1)) < decay.arrival_rank(5));
+    decay.arrival_ranks(arrival);
+    CHECK(decay.rank(decay.slot_of(1)) < arrival[5]);
     CHECK(decay.victims(1) == std::vector<int32_t>{decay.slot_of(1)});
     // LRU: an arrival is the most recent; it never ranks below a resident.
     SlotPool<LruPolicy> lru(2, 10);
     lru.access(1, {}, false);
     lru.access(2, {}, false);
     CHECK(lru.rank(lru.slot_of(1)) < lru.rank(lru.slot_of(2)));
-    CHECK(lru.rank(lru.slot_of(2)) < lru.arrival_rank(3));
+    lru.arrival_ranks(arrival);
+    CHECK(lru.rank(lru.slot_of(2)) < arrival[3]);
 }

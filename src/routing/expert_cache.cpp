@@ -101,9 +101,10 @@ public:
         pools_.bypass(layer, expert, hint);
     }
     Rank rank(int32_t slot) const override { return pools_.rank(slot); }
-    Rank arrival_rank(int32_t layer, int32_t expert) const override {
-        check(layer, expert);
-        return pools_.arrival_rank(layer, expert);
+    void arrival_ranks(std::span<Rank> out) const override {
+        if (int64_t(out.size()) != int64_t(config_.n_layers) * config_.n_experts)
+            throw std::invalid_argument("expert cache: arrival_ranks needs one rank per expert");
+        pools_.arrival_ranks(out);
     }
 
 private:

@@ -20,8 +20,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "routing/policies.h"
@@ -111,7 +113,7 @@ public:
     std::vector<int32_t> victims(int32_t n) const {
         std::vector<int32_t> out;
         for (int32_t s = n_filled_; s < n_slots() && int32_t(out.size()) < n; ++s) out.push_back(s);
-        if (int32_t(out.size()) < n) const_cast<P&>(policy_).ranked(n - int32_t(out.size()), out);
+        if (int32_t(out.size()) < n) policy_.ranked(n - int32_t(out.size()), out);
         return out;
     }
     // Records that the engine put `key` into `slot` (one of victims()' slots; a free one in
@@ -137,10 +139,11 @@ public:
         r.slot = slot;
         return r;
     }
-    // The slot's place in the eviction order, and the place `key` would take if filled at the
-    // next access (the device fetch ranks this step's arrivals against its victims with them).
+    // The slot's place in the eviction order, and the place every key (out: one per key) would
+    // take if filled at the next access (the device fetch ranks a step's arrivals against its
+    // victims with them).
     Rank rank(int32_t slot) const { return policy_.rank(slot); }
-    Rank arrival_rank(int32_t key) const { return policy_.arrival_rank(key, now_); }
+    void arrival_ranks(std::span<Rank> out) const { policy_.arrival_ranks(now_, out); }
     // A use of a key that the engine kept out of the pool (read in place): counted by the
     // policies that count uses, nothing moves.
     void bypass(int32_t key, AccessHint hint = {}) {
@@ -254,9 +257,7 @@ public:
         global().bypass(layer * n_experts_ + expert, h);
     }
     Rank rank(int32_t slot) const { return global().rank(slot); }
-    Rank arrival_rank(int32_t layer, int32_t expert) const {
-        return global().arrival_rank(layer * n_experts_ + expert);
-    }
+    void arrival_ranks(std::span<Rank> out) const { global().arrival_ranks(out); }
     // Releases the pins of the pool that serves `layer` (all pins, for a global pool).
     void unpin_layer(int32_t layer) { pools_[pools_.size() == 1 ? 0 : size_t(layer)].unpin_all(); }
     int32_t slot_of(int32_t layer, int32_t expert) const {
@@ -266,11 +267,12 @@ public:
     }
 
 private:
-    SlotPool<P>& global() const {
+    const SlotPool<P>& global() const {
         if (pools_.size() != 1)
             throw std::logic_error("expert cache: the device fetch needs one global pool");
-        return const_cast<SlotPool<P>&>(pools_[0]);
+        return pools_[0];
     }
+    SlotPool<P>& global() { return const_cast<SlotPool<P>&>(std::as_const(*this).global()); }
     int32_t n_experts_;
     std::vector<SlotPool<P>> pools_;
     std::vector<int32_t> offset_;
@@ -303,7 +305,8 @@ public:
     // A filled slot's place in the eviction order, and the place an expert would take if it
     // were filled at the next access (one global pool).
     virtual Rank rank(int32_t slot) const = 0;
-    virtual Rank arrival_rank(int32_t layer, int32_t expert) const = 0;
+    // out: one rank per key (layer · n_experts + expert).
+    virtual void arrival_ranks(std::span<Rank> out) const = 0;
     const CacheConfig& config() const { return config_; }
 
 protected:

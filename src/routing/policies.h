@@ -12,7 +12,7 @@
 //     void ranked(int32_t n, std::vector<int32_t>& out);  // the n lowest-ranked slots, in order
 //     void on_bypass(int32_t key, const AccessHint& h);    // a use of a key kept out of the pool
 //     Rank rank(int32_t slot);                 // the slot's place in the order (lower goes first)
-//     Rank arrival_rank(int32_t key, uint64_t now);  // the rank `key` would take if filled now
+//     void arrival_ranks(uint64_t now, std::span<Rank> out);  // each key's rank if filled now
 // with O(1) (LRU) or O(log n) (heap policies) work per call; victim also skips the pinned slots
 // it meets first, so it costs O(p) or O(p log p) more when p pinned slots rank lowest. A key is
 // layer · n_experts + expert; knowledge about keys (LFU counts, decayed scores) survives their
@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -74,7 +75,9 @@ public:
     void on_bypass(int32_t, const AccessHint&) {}
     Rank rank(int32_t slot) const { return {double(stamp_[size_t(slot)]), 0}; }
     // An arrival is the most recent: never ranked below a resident.
-    Rank arrival_rank(int32_t, uint64_t) const { return never_evicted; }
+    void arrival_ranks(uint64_t, std::span<Rank> out) const {
+        std::fill(out.begin(), out.end(), never_evicted);
+    }
 
 private:
     void move_to_front(int32_t s) {
@@ -159,7 +162,7 @@ public:
     }
     // Appends the n lowest-ranked slots, lowest first: a best-first walk from the root with a
     // small heap of candidates, O(n log n).
-    void lowest(int32_t n, std::vector<int32_t>& out) {
+    void lowest(int32_t n, std::vector<int32_t>& out) const {
         auto later = [this](int32_t a, int32_t b) {
             return less(heap_[size_t(b)], heap_[size_t(a)]);
         };
@@ -214,7 +217,8 @@ private:
         place(i, e);
     }
     std::vector<Entry> heap_;
-    std::vector<int32_t> pos_, frontier_;
+    std::vector<int32_t> pos_;
+    mutable std::vector<int32_t> frontier_;  // scratch of the best-first walks
 };
 
 // Least frequently used. A key's use count is kept after its eviction (an expert that comes
@@ -244,10 +248,10 @@ public:
         count_[size_t(key)] = c;
         return false;
     }
-    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void ranked(int32_t n, std::vector<int32_t>& out) const { heap_.lowest(n, out); }
     Rank rank(int32_t slot) const { return heap_.rank(slot); }
-    Rank arrival_rank(int32_t key, uint64_t now) const {
-        return {double(count_[size_t(key)] + 1), now};
+    void arrival_ranks(uint64_t now, std::span<Rank> out) const {
+        for (size_t key = 0; key < out.size(); ++key) out[key] = {double(count_[key] + 1), now};
     }
     void on_bypass(int32_t key, const AccessHint& h) {
         if (h.use) ++count_[size_t(key)];
@@ -297,12 +301,13 @@ public:
         if (h.use) add_use(key, h);
         return false;
     }
-    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void ranked(int32_t n, std::vector<int32_t>& out) const { heap_.lowest(n, out); }
     Rank rank(int32_t slot) const { return heap_.rank(slot); }
-    // The key's score with one more use at `now`, in the frame the heap holds (no rescale).
-    Rank arrival_rank(int32_t key, uint64_t now) const {
+    // Each key's score with one more use at `now`, in the frame the heap holds (no rescale).
+    void arrival_ranks(uint64_t now, std::span<Rank> out) const {
         const double t = double(now) * ticks_per_access_;
-        return {score_[size_t(key)] + std::exp2((t - base_) / half_life_), now};
+        const double use = std::exp2((t - base_) / half_life_);
+        for (size_t key = 0; key < out.size(); ++key) out[key] = {score_[key] + use, now};
     }
     void on_bypass(int32_t key, const AccessHint& h) {
         if (h.use) add_use(key, h);
@@ -363,10 +368,12 @@ public:
     bool admits(int32_t, int32_t victim_slot, int32_t, const AccessHint& h) {
         return h.next_use < next_use_[size_t(victim_slot)];
     }
-    void ranked(int32_t n, std::vector<int32_t>& out) { heap_.lowest(n, out); }
+    void ranked(int32_t n, std::vector<int32_t>& out) const { heap_.lowest(n, out); }
     void on_bypass(int32_t, const AccessHint&) {}
     Rank rank(int32_t slot) const { return heap_.rank(slot); }
-    Rank arrival_rank(int32_t, uint64_t) const { return never_evicted; }  // offline only
+    void arrival_ranks(uint64_t, std::span<Rank> out) const {  // offline only
+        std::fill(out.begin(), out.end(), never_evicted);
+    }
 
 private:
     void update(int32_t slot, const AccessHint& h) {

@@ -161,8 +161,7 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
         std::vector<Rank> victim_rank(victims.size());
         for (size_t i = 0; i < victims.size(); ++i)
             victim_rank[i] = slot_key[size_t(victims[i])] < 0 ? free_rank : cache->rank(victims[i]);
-        for (int32_t l = 0; !prompt && l < L; ++l)
-            for (int32_t e = 0; e < E; ++e) key_rank[size_t(l * E + e)] = cache->arrival_rank(l, e);
+        if (!prompt) cache->arrival_ranks(key_rank);
         size_t next = 0;
         std::vector<int32_t> arrivals;
         for (int32_t l = 0; l < L; ++l) {

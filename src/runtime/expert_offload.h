@@ -146,6 +146,7 @@ private:
     mgl::buffer_ptr state_buf_;
     std::vector<int32_t> victims_;
     std::vector<mgl::expert_fetch_rank> victim_ranks_, key_ranks_;
+    std::vector<routing::Rank> arrival_ranks_;  // the policy's, before they become key_ranks_
     int64_t most_fills_ = 0;  // the most fills the step before_step prepared can log
     std::vector<int64_t> counters_;
     std::vector<int64_t> log_host_;

@@ -113,13 +113,11 @@ void ExpertOffload::before_step(int64_t n_tokens) {
                                        victim_ranks_.size() * sizeof(mgl::expert_fetch_rank));
     }
     if (recycle) {
-        key_ranks_.resize(size_t(L * E));
-        for (int32_t l = 0; l < L; ++l) {
-            for (int32_t e = 0; e < E; ++e) {
-                const routing::Rank r = cache_->arrival_rank(l, e);
-                key_ranks_[size_t(l * E + e)] = {r.first, r.second};
-            }
-        }
+        arrival_ranks_.resize(size_t(L * E));
+        cache_->arrival_ranks(arrival_ranks_);
+        key_ranks_.resize(arrival_ranks_.size());
+        for (size_t i = 0; i < key_ranks_.size(); ++i)
+            key_ranks_[i] = {arrival_ranks_[i].first, arrival_ranks_[i].second};
         backend_.copy_to_backend_async(base + at.key_ranks, key_ranks_.data(),
                                        key_ranks_.size() * sizeof(mgl::expert_fetch_rank));
     }
