@@ -1,5 +1,6 @@
-// Helpers for the expert cache tests (CPU and CUDA): an empty routing trace shaped like a model,
-// the table invariant, argmax, and the model's own greedy run to compare a cached run against.
+// Helpers for the expert cache tests (CPU and CUDA): an empty routing trace shaped like a model
+// and a session's routing recorded into it, the table invariant, argmax, and the model's own
+// greedy run to compare a cached run against.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -25,6 +26,13 @@ inline routing::RoutingTrace empty_trace(const Deepseek2Model& m) {
     for (int64_t l : m.moe_layers()) tr.shape.moe_layers.push_back(int32_t(l));
     tr.source = "test";
     return tr;
+}
+
+// Appends every eval's routing of `s` to `trace`, which must outlive the session's evals.
+inline void record_routing(Session& s, routing::RoutingTrace& trace) {
+    s.set_routing_observer([&trace](const RoutingRecord& r) {
+        trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
+    });
 }
 
 inline int32_t argmax(std::span<const float> v) {

@@ -30,9 +30,7 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
     const int64_t n_decode = 24;
     // Without a cache: the prompt's logits and a greedy continuation.
     const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, n_decode);
-    const std::vector<float>& ref_prompt = ref.prompt_logits;
-    const std::vector<int32_t>& tokens = ref.tokens;
-    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
 
     using routing::Admission;
     struct Case {
@@ -59,9 +57,7 @@ TEST_CASE("expert offload: a small cache changes nothing in the logits and match
         ExpertOffload offload(*cached.model, *cached.backend, cfg);
         Session s(*cached.model, *cached.backend, SessionParams{});
         routing::RoutingTrace trace = empty_trace(*cached.model);
-        s.set_routing_observer([&](const RoutingRecord& r) {
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-        });
+        record_routing(s, trace);
         // Reads in place, counted here from the tables as the step saw them: the distinct
         // experts of each layer whose entry pointed home.
         int64_t expected_reads = 0;
@@ -153,9 +149,7 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
     TestModel cached = open_test_model(path);
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
-    const std::vector<float>& ref_prompt = ref.prompt_logits;
-    const std::vector<int32_t>& tokens = ref.tokens;
-    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
     for (int64_t delay : {1, 3}) {
         CAPTURE(delay);
         routing::CacheConfig cfg;
@@ -167,9 +161,7 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
         REQUIRE(offload.uses_copy_stream());
         Session s(*cached.model, *cached.backend, SessionParams{});
         routing::RoutingTrace trace = empty_trace(*cached.model);
-        s.set_routing_observer([&](const RoutingRecord& r) {
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-        });
+        record_routing(s, trace);
         int64_t most_pending = 0, pointed_at_pending = 0;
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             q->tick();
@@ -216,9 +208,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
     TestModel cached = open_test_model(path);
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
-    const std::vector<float>& ref_prompt = ref.prompt_logits;
-    const std::vector<int32_t>& tokens = ref.tokens;
-    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
     // 8 slots: fewer than a step's misses, so some are read in place (the victims run out).
     for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(12)},
                                         {routing::Policy::lru, int64_t(24)},
@@ -233,9 +223,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
         Session s(*cached.model, *cached.backend, SessionParams{});
         offload.attach(s);
         routing::RoutingTrace trace = empty_trace(*cached.model);
-        s.set_routing_observer([&](const RoutingRecord& r) {
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-        });
+        record_routing(s, trace);
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             offload.after_step(r);
             check_tables(offload, *cached.model);
@@ -309,9 +297,7 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         Session s(*cached.model, *cached.backend, sp);
         offload.attach(s);
         routing::RoutingTrace trace = empty_trace(*cached.model);
-        s.set_routing_observer([&](const RoutingRecord& r) {
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-        });
+        record_routing(s, trace);
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             offload.after_step(r);
             check_tables(offload, *cached.model);

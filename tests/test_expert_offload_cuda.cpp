@@ -57,9 +57,7 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
     SessionParams sp;
     sp.kv_type = mgl::dtype::bf16;
     const ReferenceRun ref = greedy_reference(*resident.model, *resident.backend, sp, n_decode);
-    const std::vector<float>& ref_prompt = ref.prompt_logits;
-    const std::vector<int32_t>& tokens = ref.tokens;
-    const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
 
     // The third case fills the slots on a copy stream (mgl::transfer_queue) beside the steps.
     for (const auto& [policy, slots, copy_stream] :
@@ -76,9 +74,7 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
         Session s(*offloaded.model, *offloaded.backend, sp);
         routing::RoutingTrace trace = empty_trace(*offloaded.model);
         size_t bad_tables = 0;
-        s.set_routing_observer([&](const RoutingRecord& r) {
-            trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-        });
+        record_routing(s, trace);
         s.set_expert_cache_hook([&](const RoutingRecord& r) {
             offload.after_step(r);
             offloaded.backend->synchronize();
@@ -140,9 +136,7 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
             sp.n_ubatch = ubatch;
             const ReferenceRun ref =
                 greedy_reference(*resident.model, *resident.backend, sp, n_decode);
-            const std::vector<float>& ref_prompt = ref.prompt_logits;
-            const std::vector<int32_t>& tokens = ref.tokens;
-            const std::vector<std::vector<float>>& ref_steps = ref.step_logits;
+            const auto& [ref_prompt, tokens, ref_steps] = ref;
             routing::CacheConfig cfg;
             cfg.policy = policy;
             cfg.n_slots = slots;
@@ -150,9 +144,7 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
             Session s(*offloaded.model, *offloaded.backend, sp);
             offload.attach(s);
             routing::RoutingTrace trace = empty_trace(*offloaded.model);
-            s.set_routing_observer([&](const RoutingRecord& r) {
-                trace.append_step(r.n_tokens, r.prefill, r.ids.data(), r.weights.data());
-            });
+            record_routing(s, trace);
             s.set_expert_cache_hook([&](const RoutingRecord& r) {
                 offload.after_step(r);
                 offloaded.backend->synchronize();
