@@ -72,9 +72,9 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
         ->capture_default_str()
         ->check(CLI::IsMember({"all", "frequency"}));
     cmd.add_flag("--expert-cache-copy-stream", f.expert_cache_copy_stream,
-                 "fill the expert cache's slots on a copy stream beside the next step instead of "
-                 "before it (new; a filled slot is used from the first step after its copy has "
-                 "landed)");
+                 "host fetch: fill the expert cache's slots on a copy stream beside the next "
+                 "step instead of before it (a filled slot is used from the first step after "
+                 "its copy has landed)");
     cmd.add_option("--expert-cache-fetch", f.expert_cache_fetch,
                    "where misses go: device (copied into slots by the step itself before its "
                    "experts run, so each miss crosses PCIe once; one global pool and admission "
@@ -204,10 +204,6 @@ std::filesystem::path binary_dir() {
 
 double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 double gib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0 * 1024.0); }
-
-}  // namespace
-
-namespace {
 
 // --expert-cache-fetch auto: the device fetch wherever it applies (one global pool, every miss
 // admitted, no copy stream); it measured 17-42 % faster decode than the host fetch at 12 GiB.
