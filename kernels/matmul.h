@@ -86,7 +86,7 @@ struct MatmulParams {
     mgl::dtype norm_w_type = mgl::dtype::bf16;  // bf16 or f32
     float norm_eps = 1e-6f;
 
-    // Programmatic dependent launch (Hopper), gemv path only: the kernel may start while the
+    // Programmatic dependent launch (Hopper), gemv and stream paths: the kernel may start while the
     // previous kernel on the stream is finishing and stream its weights meanwhile; it reads x,
     // residual, norm_w and w_scale, and writes y and the workspace, only after that kernel has
     // completed. Set it only when the previous kernel does not write W (e.g. not right after a

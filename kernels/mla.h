@@ -63,6 +63,7 @@ struct KvStoreParams {
     int64_t k_pe_stride = 0;
     const int32_t* positions = nullptr;  // [T] device
     int64_t T = 0;
+    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
 };
 void kv_store(const KvStoreParams& p, cudaStream_t stream);
 
@@ -115,6 +116,7 @@ struct MlaAttnParams {
     // the two kernels of one call (so layers may share it; stream order keeps them apart).
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
+    bool pdl = false;  // both kernels launched dependent (dependent_launch.cuh)
 };
 
 // Workspace for the partial results of up to max_splits splits (0 when max_splits == 1).
@@ -172,6 +174,7 @@ struct MlaPrepParams {
     int64_t c_out_stride = 0;
     float* k_pe_out = nullptr;  // optional [T, rope], row stride k_pe_out_stride
     int64_t k_pe_out_stride = 0;
+    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
 };
 void mla_prep(const MlaPrepParams& p, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "mla_attn_tc.cuh"  // cp.async helpers
 #include "mla_internal.cuh"
 
@@ -214,6 +215,7 @@ constexpr int merge_threads = 64;
 constexpr int merge_cols = 2 * merge_threads;
 
 __global__ void __launch_bounds__(merge_threads) mla_merge_kernel(const AttnArgs a) {
+    pdl_enter();
     extern __shared__ float weight[];  // [max_splits]
     __shared__ float total_max, total_inv;
     const int n_split = *a.ws_n_split;
@@ -384,8 +386,8 @@ void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
     }
     if (p.max_splits > 1) {
         const dim3 grid(unsigned(p.T * p.H), unsigned((a.r + merge_cols - 1) / merge_cols));
-        mla_merge_kernel<<<grid, merge_threads, size_t(p.max_splits) * 4, stream>>>(a);
-        CUDA_CHECK_LAUNCH();
+        launch_maybe_dependent(mla_merge_kernel, grid, dim3(merge_threads),
+                               size_t(p.max_splits) * 4, stream, p.pdl, a);
     }
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "mla_internal.cuh"
 
 namespace minids::kernels {
@@ -48,6 +49,7 @@ StoreArgs store_args(const MlaCache& c, const char* who) {
 template <typename PageT>
 __global__ void kv_store_kernel(const StoreArgs s, const float* c, int64_t c_stride,
                                 const float* k_pe, int64_t k_pe_stride, const int32_t* positions) {
+    pdl_enter();
     const int64_t t = blockIdx.x;
     const int64_t row = cache_row(s.page_table, s.max_pages, s.n_pages, s.page_size, positions[t]);
     if (row < 0) return;
@@ -67,6 +69,7 @@ struct PrepArgs {
 // One block per token: rms_norm(c), rope(k_pe), both into the cache row, rope(q_pe) per head.
 template <typename PageT, typename W>
 __global__ void __launch_bounds__(prep_threads) mla_prep_kernel(const PrepArgs args) {
+    pdl_enter();
     const StoreArgs& s = args.s;
     const MlaPrepParams& p = args.p;
     __shared__ float cos_t[64], sin_t[64], partial[prep_threads / 32];
@@ -138,14 +141,10 @@ void kv_store(const KvStoreParams& p, cudaStream_t stream) {
         ::mgl::fail(__FILE__, __LINE__,
                     "kv_store: T = " + std::to_string(p.T) + " or a null c / k_pe / positions");
     if (p.T == 0) return;
-    if (p.cache.type == mgl::dtype::bf16) {
-        kv_store_kernel<__nv_bfloat16><<<unsigned(p.T), 128, 0, stream>>>(
-            s, p.c, p.c_stride, p.k_pe, p.k_pe_stride, p.positions);
-    } else {
-        kv_store_kernel<float><<<unsigned(p.T), 128, 0, stream>>>(s, p.c, p.c_stride, p.k_pe,
-                                                                  p.k_pe_stride, p.positions);
-    }
-    CUDA_CHECK_LAUNCH();
+    auto kernel =
+        p.cache.type == mgl::dtype::bf16 ? kv_store_kernel<__nv_bfloat16> : kv_store_kernel<float>;
+    launch_maybe_dependent(kernel, dim3(unsigned(p.T)), dim3(128), 0, stream, p.pdl, s, p.c,
+                           p.c_stride, p.k_pe, p.k_pe_stride, p.positions);
 }
 
 void mla_prep(const MlaPrepParams& p, cudaStream_t stream) {
@@ -168,8 +167,7 @@ void mla_prep(const MlaPrepParams& p, cudaStream_t stream) {
         page_bf16 ? (w_f32 ? mla_prep_kernel<__nv_bfloat16, float>
                            : mla_prep_kernel<__nv_bfloat16, __nv_bfloat16>)
                   : (w_f32 ? mla_prep_kernel<float, float> : mla_prep_kernel<float, __nv_bfloat16>);
-    kernel<<<unsigned(p.T), prep_threads, 0, stream>>>(args);
-    CUDA_CHECK_LAUNCH();
+    launch_maybe_dependent(kernel, dim3(unsigned(p.T)), dim3(prep_threads), 0, stream, p.pdl, args);
 }
 
 }  // namespace minids::kernels

@@ -168,6 +168,9 @@ struct MoeExpertsParams {
     MoePath path = MoePath::automatic;
     int64_t decode_max_tokens = 8;
     MoeDecodeConfig decode;
+    // Decode path: both kernels launched dependent on the previous kernel (dependent_launch.cuh);
+    // the shared expert's first weights are requested before waiting for it.
+    bool pdl = false;
     MoeGroupedConfig grouped;
 };
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "rms_norm.h"
 
 namespace minids::kernels {
@@ -13,6 +14,7 @@ constexpr int block_threads = 256;
 // One block per row: a block-wide sum of squares, then a scaled write.
 template <typename W>
 __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t ys) {
+    pdl_enter();
     const float* x = p.x + int64_t(blockIdx.x) * xs;
     float* y = p.y + int64_t(blockIdx.x) * ys;
     float ss = 0.0f;
@@ -58,12 +60,10 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
             std::string("rms_norm: weight must be bf16 or f32, got ") + mgl::dtype_name(p.w_type));
     }
     const int64_t xs = p.x_stride ? p.x_stride : p.dim, ys = p.y_stride ? p.y_stride : p.dim;
-    if (p.w_type == mgl::dtype::f32) {
-        rms_norm_kernel<float><<<unsigned(p.rows), block_threads, 0, stream>>>(p, xs, ys);
-    } else {
-        rms_norm_kernel<__nv_bfloat16><<<unsigned(p.rows), block_threads, 0, stream>>>(p, xs, ys);
-    }
-    CUDA_CHECK_LAUNCH();
+    auto kernel =
+        p.w_type == mgl::dtype::f32 ? rms_norm_kernel<float> : rms_norm_kernel<__nv_bfloat16>;
+    launch_maybe_dependent(kernel, dim3(unsigned(p.rows)), dim3(block_threads), 0, stream, p.pdl, p,
+                           xs, ys);
 }
 
 }  // namespace minids::kernels

@@ -19,6 +19,7 @@ struct RmsNormParams {
     mgl::dtype w_type = mgl::dtype::bf16;  // bf16 or f32
     int64_t x_stride = 0;                  // elements; 0: dim (contiguous rows)
     int64_t y_stride = 0;                  // elements; 0: dim
+    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
 };
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream);

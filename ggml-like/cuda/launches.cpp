@@ -218,6 +218,7 @@ launch_step mla_attn_step(const tensor& n, size_t& scratch) {
                 kn::MlaAttnParams q = p;
                 q.workspace = env.scratch;
                 q.workspace_bytes = env.scratch_bytes;
+                q.pdl = env.pdl;
                 if (decode) {
                     kn::mla_decode(q, env.stream);
                 } else {
@@ -253,7 +254,11 @@ launch_step kv_store_step(const tensor& n) {
     p.k_pe_stride = k_pe.stride[0] / 4;
     p.positions = static_cast<const int32_t*>(n.src[4]->data);
     p.T = c.shape[0];
-    return {"kv_store", &n, [p](const exec_env& env) { kn::kv_store(p, env.stream); }};
+    return {"kv_store", &n, [p](const exec_env& env) {
+                kn::KvStoreParams q = p;
+                q.pdl = env.pdl;
+                kn::kv_store(q, env.stream);
+            }};
 }
 
 launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
@@ -288,7 +293,11 @@ launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
         p.k_pe_out = f32_data(g.k_rope);
         p.k_pe_out_stride = rope;
     }
-    return {"mla_prep", g.run_at, [p](const exec_env& env) { kn::mla_prep(p, env.stream); }};
+    return {"mla_prep", g.run_at, [p](const exec_env& env) {
+                kn::MlaPrepParams q = p;
+                q.pdl = env.pdl;
+                kn::mla_prep(q, env.stream);
+            }};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,7 +371,9 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     }
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     return {add ? "moe_experts+add" : "moe_experts", add ? add : &n, [p](const exec_env& env) {
-                kn::moe_experts(p, env.scratch, env.scratch_bytes, env.stream);
+                kn::MoeExpertsParams q = p;
+                q.pdl = env.pdl;
+                kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
             }};
 }
 
@@ -385,7 +396,9 @@ launch_step rms_norm_step(const tensor& n) {
         p.x = f32_data(&x);
         p.x_stride = row_stride;
         return {"rms_norm", &n, [p](const exec_env& env) {
-                    if (p.rows) kn::rms_norm(p, env.stream);
+                    kn::RmsNormParams q = p;
+                    q.pdl = env.pdl;
+                    if (q.rows) kn::rms_norm(q, env.stream);
                 }};
     }
     // Any other layout: gather x into the output, then normalize in place.

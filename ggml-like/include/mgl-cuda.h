@@ -57,8 +57,10 @@ struct cuda_options {
     // forces false.
     bool graphs = true;
     cuda_fusions fuse;
-    // Programmatic dependent launch for the tensor-core gemv matmuls (they start streaming their
-    // weights while the previous kernel finishes). MINIDS_CUDA_PDL=0 forces false.
+    // Programmatic dependent launch for the decode kernels that support it (GEMVs, RMSNorm, MLA
+    // prep and attention, MoE experts): each may be scheduled while the previous kernel finishes
+    // and waits for it on the device (kernels/dependent_launch.cuh). MINIDS_CUDA_PDL=0 forces
+    // false.
     bool pdl = true;
 };
 std::unique_ptr<backend> make_cuda_backend(const cuda_options& options = {});
