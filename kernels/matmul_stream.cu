@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "matmul_internal.h"
 
 namespace minids::kernels::detail {
@@ -123,8 +124,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
         for (int r = 0; r < R; ++r) acc[r][m] = 0.0f;
     }
 
-    for (int c0 = 0; c0 < a.chunks; c0 += 32 * kUnroll) {
-        uint4 wv[R][kUnroll];
+    uint4 wv[R][kUnroll];
+    auto load = [&](int c0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
@@ -136,6 +137,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
                                                        : make_uint4(0, 0, 0, 0);
             }
         }
+    };
+    // The weights never change during a step: the first loads go out before the wait for the
+    // previous kernel (PDL), which wrote x and may still read y.
+    pdl_launch_dependents();
+    load(0);
+    pdl_wait();
+    for (int c0 = 0; c0 < a.chunks; c0 += 32 * kUnroll) {
+        if (c0 > 0) load(c0);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int c = c0 + u * 32 + lane;
@@ -196,19 +205,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
 }
 
 template <bool FP8, int R>
-void launch_r(const StreamArgs& a, int batch, cudaStream_t stream) {
+void launch_r(const StreamArgs& a, int batch, bool pdl, cudaStream_t stream) {
     const dim3 grid(unsigned((a.n + kWarps * R - 1) / (kWarps * R)), unsigned(batch));
     const dim3 block(kWarps * 32);
-    if (a.m <= 1) {
-        gemv_stream_kernel<FP8, R, 1><<<grid, block, 0, stream>>>(a);
-    } else if (a.m <= 2) {
-        gemv_stream_kernel<FP8, R, 2><<<grid, block, 0, stream>>>(a);
-    } else if (a.m <= 4) {
-        gemv_stream_kernel<FP8, R, 4><<<grid, block, 0, stream>>>(a);
-    } else {
-        gemv_stream_kernel<FP8, R, 8><<<grid, block, 0, stream>>>(a);
-    }
-    CUDA_CHECK_LAUNCH();
+    auto kernel = a.m <= 1   ? gemv_stream_kernel<FP8, R, 1>
+                  : a.m <= 2 ? gemv_stream_kernel<FP8, R, 2>
+                  : a.m <= 4 ? gemv_stream_kernel<FP8, R, 4>
+                             : gemv_stream_kernel<FP8, R, 8>;
+    launch_maybe_dependent(kernel, grid, block, 0, stream, pdl, a);
 }
 
 }  // namespace
@@ -228,9 +232,33 @@ bool stream_gemv_ok(const MatmulParams& p) {
            batches_ok && norm_ok;
 }
 
+namespace {
+// Blocks of gemv_stream_kernel<FP8, R, 1> the device holds at once (all SMs), asked once.
+template <bool FP8, int R>
+int64_t resident_blocks() {
+    static const int64_t blocks = [] {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, gemv_stream_kernel<FP8, R, 1>, kWarps * 32, 0));
+        return int64_t(per_sm) * sm_count_of_current_device();
+    }();
+    return blocks;
+}
+}  // namespace
+
 int stream_rows_per_warp(const MatmulParams& p) {
     // Short rows (<= 2 KiB, four loads per lane) pair up so a lane still has eight in flight.
-    return p.k * int64_t(mgl::dtype_size(p.w_type)) <= 2048 ? 2 : 1;
+    if (p.k * int64_t(mgl::dtype_size(p.w_type)) <= 2048) return 2;
+    // A product whose one-row warps need slightly more blocks than the device holds at once
+    // runs in two waves, each paying the full load latency (V2-Lite's [q | kv_a], 3648 rows:
+    // 456 blocks against 396 resident, 1.0 TB/s). Two rows per warp then fit in one wave with
+    // twice the loads in flight per lane. Products of many waves (lm_head) keep one row.
+    const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
+    const int64_t slots1 = fp8 ? resident_blocks<true, 1>() : resident_blocks<false, 1>();
+    const int64_t slots2 = fp8 ? resident_blocks<true, 2>() : resident_blocks<false, 2>();
+    const int64_t blocks1 = (p.n + kWarps - 1) / kWarps,
+                  blocks2 = (p.n + 2 * kWarps - 1) / (2 * kWarps);
+    return blocks1 > slots1 && blocks2 <= slots2 ? 2 : 1;
 }
 
 void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
@@ -258,11 +286,11 @@ void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
     const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
     const int r = stream_rows_per_warp(p);
     if (fp8) {
-        r == 2 ? launch_r<true, 2>(a, int(p.batch), stream)
-               : launch_r<true, 1>(a, int(p.batch), stream);
+        r == 2 ? launch_r<true, 2>(a, int(p.batch), p.pdl, stream)
+               : launch_r<true, 1>(a, int(p.batch), p.pdl, stream);
     } else {
-        r == 2 ? launch_r<false, 2>(a, int(p.batch), stream)
-               : launch_r<false, 1>(a, int(p.batch), stream);
+        r == 2 ? launch_r<false, 2>(a, int(p.batch), p.pdl, stream)
+               : launch_r<false, 1>(a, int(p.batch), p.pdl, stream);
     }
 }
 
