@@ -287,6 +287,7 @@ int main() {
             p.residual = out;
             p.n_tokens = 1;
             p.path = MoePath::decode;
+            p.shared = shared.copy(0);  // the workspace holds the shared expert's activations too
             const size_t ws_bytes = moe_experts_workspace_bytes(p) * 8;  // room for T = 8
             void* ws = dmalloc(ws_bytes, 0);
             std::vector<MoeDecodeConfig> configs;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU time of every kernel of minids' decode step, read by Nsight Compute (hardware timer,
+# one kernel at a time: no launch gaps, no overlap), on the synthetic V2-Lite with FP8 experts.
+# Complements the event profile of gpu_check.sh --profile, whose per-launch figures include the
+# gaps between kernels and an event pair each.
+#
+#   BIN=build OUT=ncu_out scripts/ncu_decode.sh [extra minids bench flags, e.g. -d 32768]
+#
+# Builds nothing. Writes $OUT/ncu_decode.csv (raw) and prints one line per kernel name: launches
+# in one decode step, median µs per launch, DRAM bytes read per launch, GB/s.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN="${BIN:-build}"
+OUT="${OUT:-ncu_out}"
+WORK="${WORK:-/tmp/minids_gpu_check}"
+mkdir -p "$OUT" "$WORK"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+[[ -x "$NCU" ]] || { echo "ncu_decode: no ncu found" >&2; exit 1; }
+model="$WORK/v2-lite-f8_e4m3.mds"
+[[ -f "$model" ]] || timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype f8_e4m3 \
+    -o "$model" > "$OUT/ncu_convert.log" 2>&1 || { echo "ncu_decode: convert failed" >&2; exit 1; }
+# One decode step is the last 40 % of the kernels of a -n 3 run; the summary keeps the kernels of
+# the final graph replay (every name appears once per layer there).
+"$NCU" --clock-control none --csv --page raw --print-units base \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+    "$BIN/minids" bench -m "$model" -p 0 -n 3 -r 1 "$@" > "$OUT/ncu_decode.csv" 2> "$OUT/ncu_decode.log"
+echo "ncu rc=$? ($(wc -l < "$OUT/ncu_decode.csv") lines)"
+python3 - "$OUT/ncu_decode.csv" <<'EOF'
+import csv, io, sys, statistics, collections
+# the program's own output shares stdout with ncu's csv: keep the quoted csv lines
+lines = [l for l in open(sys.argv[1]).read().splitlines() if l.startswith('"')]
+rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+num = lambda v: float(v.replace(",", ""))
+rows = [r for r in rows if r.get("gpu__time_duration.sum", "").replace(",", "").replace(".", "").isdigit()]
+if not rows: sys.exit("no kernel rows")
+# the last decode step: from the last launch of the embedding gather to the end
+last = max(i for i, r in enumerate(rows) if "get_rows" in r["Kernel Name"])
+step = rows[last:]
+by = collections.OrderedDict()
+for r in step:
+    by.setdefault((r["Kernel Name"][:60], r["launch__grid_size"]), []).append(r)
+tot = sum(num(r["gpu__time_duration.sum"]) for r in step) / 1e3
+print(f"decode step: {len(step)} kernels, {tot:.1f} us of kernel time (ns timer, serialized)")
+print(f"{'us total':>9} {'n':>4} {'med us':>8} {'MB read':>8} {'GB/s':>6} grid/block/regs  kernel")
+for name, rs in sorted(by.items(), key=lambda kv: -sum(num(r['gpu__time_duration.sum']) for r in kv[1])):
+    t = [num(r["gpu__time_duration.sum"]) / 1e3 for r in rs]
+    b = [num(r["dram__bytes_read.sum"]) for r in rs]
+    med = statistics.median(t)
+    mb = statistics.median(b) / 1e6
+    r0 = rs[0]
+    print(f"{sum(t):9.1f} {len(t):4d} {med:8.2f} {mb:8.2f} {mb / med * 1e3:6.0f} "
+          f"{r0['launch__grid_size']}/{r0['launch__block_size']}/{r0['launch__registers_per_thread']}  {name[0]}")
+EOF
