@@ -43,6 +43,10 @@ void check_experts_params(const MoeExpertsParams& p) {
                          std::to_string(off));
     }
     if (p.k < 1 || p.k > 32) moe_fail(who + "k must be in [1, 32] (" + field("k", p.k) + ")");
+    if (p.rms_norm && p.norm_w && p.norm_w_type != mgl::dtype::bf16 &&
+        p.norm_w_type != mgl::dtype::f32)
+        moe_fail(who + "norm weight dtype " + mgl::dtype_name(p.norm_w_type) +
+                 " (supported: bf16, f32)");
     if (p.n_tokens < 0) moe_fail(who + "negative " + field("n_tokens", p.n_tokens));
     for (int64_t s : {p.x_stride, p.out_stride, p.residual_stride})
         if (s != 0 && s < l.n_embd)
@@ -105,6 +109,9 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_by
         moe_fail("moe_experts: workspace must be 256-byte aligned");
     if (moe_resolved_path(p) == MoePath::decode) {
         decode_experts(p, workspace, workspace_bytes, stream);
+    } else if (p.rms_norm) {
+        moe_fail("moe_experts: the folded RMSNorm is supported on the decode path only (" +
+                 std::to_string(p.n_tokens) + " tokens take the grouped path)");
     } else {
         grouped_experts(p, workspace, workspace_bytes, stream);
     }

@@ -165,6 +165,14 @@ struct MoeExpertsParams {
 
     SharedExpertWeights shared;  // optional
 
+    // Optional RMSNorm folded into the decode path: x is the norm's input and every expert (and
+    // the shared one) multiplies rms_norm(x) · norm_w, with 1 / rms applied to each dot product
+    // (W (x g) / rms). Decode path only (moe_experts fails on the grouped path with it).
+    bool rms_norm = false;
+    const void* norm_w = nullptr;               // [n_embd], null = no weight
+    mgl::dtype norm_w_type = mgl::dtype::bf16;  // bf16 or f32
+    float norm_eps = 1e-6f;
+
     MoePath path = MoePath::automatic;
     int64_t decode_max_tokens = 8;
     MoeDecodeConfig decode;

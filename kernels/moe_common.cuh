@@ -31,6 +31,24 @@ __device__ __forceinline__ uint4 load_weights16(const uint8_t* p) {
     return v;
 }
 
+// Global -> shared copies that need no registers (cp.async), so a thread can have all of its
+// staging loads in flight at once; cp_async_wait_all() then a barrier publishes them.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+                 "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+                 "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 template <mgl::dtype DT>
 constexpr int elem_bytes() {
     return DT == mgl::dtype::f32 ? 4 : DT == mgl::dtype::bf16 ? 2 : 1;

@@ -2,9 +2,11 @@
 // two launches, reading ids, weights and the expert table from device memory.
 //
 // Launch 1 (gate/up): block = (token, job, rows); job j < k is the token's j-th routed expert,
-// j == k the shared expert. The token's x is staged in shared memory; each warp computes one row
-// pair g = gate[f]·x, u = up[f]·x with U independent 16-byte loads per lane in flight and writes
-// silu(g)·u to the workspace, laid out for launch 2's reads.
+// j == k the shared expert. The token's x is staged in shared memory (cp.async; with the folded
+// RMSNorm each block also sums x² and multiplies x by the norm weight, and the dot products are
+// scaled by 1 / rms); each warp computes one row pair g = gate[f]·x, u = up[f]·x with U
+// independent 16-byte loads per lane in flight and writes silu(g)·u to the workspace, laid out
+// for launch 2's reads.
 // Launch 2 (down): block = (token, output rows); the token's activations (k routed segments and
 // the shared one) are staged in shared memory; P warps share an output row d, each summing a
 // contiguous part of the concatenated row [down_0[d,:] | ... | down_{k-1}[d,:] | shared[d,:]]
@@ -15,12 +17,14 @@
 // (VEC); other shapes take the same kernels reading one element at a time.
 #include <string>
 
+#include "dependent_launch.cuh"
 #include "moe_common.cuh"
 
 namespace minids::kernels::moe_detail {
 namespace {
 
 constexpr int max_decode_k = 32;  // launch 2 hands the per-expert coefficients around by shuffle
+constexpr int max_decode_threads = 16 * 32;
 
 struct DecodeArgs {
     const int64_t* table;
@@ -49,7 +53,20 @@ struct DecodeArgs {
     int64_t seg_r;       // floats per routed segment
     int jobs_per_token;  // k (+1 with a shared expert)
     int warps_per_row;   // launch 2: P
+    bool norm;           // launch 1 applies RMSNorm to x (norm_w may be null)
+    const void* norm_w;
+    bool norm_w_bf16;
+    float norm_eps;
 };
+
+__device__ __forceinline__ float norm_weight(const DecodeArgs& a, int64_t i) {
+    if (!a.norm_w) return 1.0f;
+    if (a.norm_w_bf16) {
+        const unsigned short h = __ldg(static_cast<const unsigned short*>(a.norm_w) + i);
+        return __uint_as_float(uint32_t(h) << 16);
+    }
+    return __ldg(static_cast<const float*>(a.norm_w) + i);
+}
 
 __host__ __device__ constexpr int chunk_elems(mgl::dtype t) {
     return t == mgl::dtype::f32 ? 4 : t == mgl::dtype::bf16 ? 8 : 16;
@@ -72,32 +89,69 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
     const uint8_t* rg = gate + f * D * eb;
     const uint8_t* ru = up + f * D * eb;
     uint4 wg[U], wu[U];
+    auto load_one = [&](int u, int64_t c0) {
+        const int64_t c = c0 + lane + 32 * u;
+        wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
+        if (c < nch) {
+            wg[u] = load_weights16(rg + c * 16);
+            wu[u] = load_weights16(ru + c * 16);
+        }
+    };
     auto load = [&](int64_t c0) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t c = c0 + lane + 32 * u;
-            wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
-            if (c < nch) {
-                wg[u] = load_weights16(rg + c * 16);
-                wu[u] = load_weights16(ru + c * 16);
-            }
-        }
+        for (int u = 0; u < U; ++u) load_one(u, c0);
     };
     if constexpr (VEC) {
         if (active) load(0);
     }
+    pdl_wait();  // x comes from the previous kernel (a no-op when it was waited for already)
     constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && DT == mgl::dtype::f8_e4m3;
     const float pre = bits ? fp8_bits_x_scale : 1.0f;
     const float* x = a.x + t * a.x_stride;
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
-        xs[stage_index(i, epc, nch, VEC)] = x[i] * pre;
+    float ss = 0.0f;  // Σx² of this thread's elements (folded RMSNorm)
+    if constexpr (bits) {
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+            const float v = x[i];
+            ss += v * v;
+            xs[stage_index(i, epc, nch, VEC)] = v * (a.norm ? norm_weight(a, i) : 1.0f) * pre;
+        }
+    } else {
+        // cp.async: every element of the thread in flight at once and no registers held (a loop
+        // of load -> store pairs pays one L2 round trip per element).
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+            cp_async_4(xs + stage_index(i, epc, nch, VEC), x + i);
+        cp_async_wait_all();
+        if (a.norm) {  // the thread's own elements: visible to it without a barrier
+            for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+                float& v = xs[stage_index(i, epc, nch, VEC)];
+                ss += v * v;
+                v *= norm_weight(a, i);
+            }
+        }
+    }
+    // The norm's 1 / rms over the whole row: the same per-thread order and reduction tree as
+    // kernels/rms_norm.cu for a 256-thread block. Uniform over the block (a.norm).
+    __shared__ float norm_partial[max_decode_threads / 32];
+    if (a.norm) {
+        ss = warp_sum(ss);
+        if (threadIdx.x % 32 == 0) norm_partial[threadIdx.x / 32] = ss;
+    }
     __syncthreads();
+    float inv_rms = 1.0f;
+    if (a.norm) {  // every warp reduces the partials itself (no second barrier)
+        const float total = warp_sum(lane < int(blockDim.x / 32) ? norm_partial[lane] : 0.0f);
+        inv_rms = 1.0f / sqrtf(total / float(D) + a.norm_eps);
+    }
     if (!active) return;
 
     float ag = 0.0f, au = 0.0f;
     if constexpr (VEC) {
         const float4* xs4 = reinterpret_cast<const float4*>(xs);
-        for (int64_t c0 = 0;;) {
+        // Rows longer than one round (bf16 shared experts): each register pair is refilled with
+        // the next round's chunk as soon as it is consumed, so those loads fly while the rest of
+        // this round computes (same summation order).
+        for (int64_t c0 = 0; c0 < nch;) {
+            const int64_t next = c0 + 32 * U;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int64_t c = c0 + lane + 32 * u;
@@ -105,10 +159,9 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
                     ag = dot_chunk<DT, CVT>(wg[u], xs4 + c, nch, ag);
                     au = dot_chunk<DT, CVT>(wu[u], xs4 + c, nch, au);
                 }
+                if (next < nch) load_one(u, next);
             }
-            c0 += 32 * U;
-            if (c0 >= nch) break;
-            load(c0);
+            c0 = next;
         }
     } else {
         for (int64_t i = lane; i < D; i += 32) {
@@ -116,8 +169,8 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
             au = fmaf(load_weight<DT>(ru, i), xs[i], au);
         }
     }
-    ag = warp_sum(ag);
-    au = warp_sum(au);
+    ag = warp_sum(ag) * inv_rms;
+    au = warp_sum(au) * inv_rms;
     if (lane == 0) {
         const float post = bits ? fp8_bits_x_scale : 1.0f;
         const float g = ag * post * (gate_scale ? gate_scale[f] : 1.0f);
@@ -126,8 +179,6 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
     }
 }
 
-constexpr int max_decode_threads = 16 * 32;
-
 template <bool VEC, int U, Fp8Convert CVT>
 __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
@@ -135,6 +186,10 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     const int64_t t = blockIdx.x / a.jobs_per_token;
     const int j = int(blockIdx.x % a.jobs_per_token);
     const bool shared = j == a.k;
+    // Under PDL, a routed job waits before it reads its expert id; the shared expert's weights
+    // never change, so its first loads go out before the wait (in gate_up_block).
+    pdl_launch_dependents();
+    if (!shared) pdl_wait();
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
     const int64_t row0 = int64_t(blockIdx.y) * warps;
@@ -215,27 +270,28 @@ __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float c
     float ws[U];
     int seg[U];
     int64_t ch[U];
-    auto load = [&](int64_t base) {  // warp-uniform (shuffles)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t i = base + lane + 32 * u;
-            seg[u] = segment_of(i, nch_r, inv_nch, a.k);
-            const uint8_t* p = reinterpret_cast<const uint8_t*>(
-                __shfl_sync(full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg[u]));
-            const bool is_routed = i < routed;
-            ch[u] = is_routed ? i - int64_t(seg[u]) * nch_r : i - routed;
-            w[u] = make_uint4(0, 0, 0, 0);
-            ws[u] = 0.0f;
-            if (i < e && (!is_routed || p)) {
-                if constexpr (VEC) {
-                    w[u] = load_weights16(is_routed ? p + d * r_row_bytes + ch[u] * 16
-                                                    : sh_row + ch[u] * 16);
-                } else {
-                    ws[u] = is_routed ? load_weight<RDT>(p + d * r_row_bytes, ch[u])
-                                      : load_weight<SDT>(sh_row, ch[u]);
-                }
+    auto load_one = [&](int u, int64_t base) {  // warp-uniform (shuffles)
+        const int64_t i = base + lane + 32 * u;
+        seg[u] = segment_of(i, nch_r, inv_nch, a.k);
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg[u]));
+        const bool is_routed = i < routed;
+        ch[u] = is_routed ? i - int64_t(seg[u]) * nch_r : i - routed;
+        w[u] = make_uint4(0, 0, 0, 0);
+        ws[u] = 0.0f;
+        if (i < e && (!is_routed || p)) {
+            if constexpr (VEC) {
+                w[u] = load_weights16(is_routed ? p + d * r_row_bytes + ch[u] * 16
+                                                : sh_row + ch[u] * 16);
+            } else {
+                ws[u] = is_routed ? load_weight<RDT>(p + d * r_row_bytes, ch[u])
+                                  : load_weight<SDT>(sh_row, ch[u]);
             }
         }
+    };
+    auto load = [&](int64_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_one(u, base);
     };
     if (valid && b < e) load(b);
 
@@ -243,46 +299,57 @@ __device__ float down_block(const DecodeArgs& a, const uint8_t* seg_ptr, float c
     const int64_t routed4 = int64_t(a.k) * a.seg_r / 4;
     constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && RDT == mgl::dtype::f8_e4m3;
     float4* act_s4 = reinterpret_cast<float4*>(act_s);
-    for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x) {
-        float4 v = act4[i];
-        if (bits && i < routed4) {
-            v.x *= fp8_bits_x_scale;
-            v.y *= fp8_bits_x_scale;
-            v.z *= fp8_bits_x_scale;
-            v.w *= fp8_bits_x_scale;
+    if constexpr (bits) {
+        for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x) {
+            float4 v = act4[i];
+            if (i < routed4) {
+                v.x *= fp8_bits_x_scale;
+                v.y *= fp8_bits_x_scale;
+                v.z *= fp8_bits_x_scale;
+                v.w *= fp8_bits_x_scale;
+            }
+            act_s4[i] = v;
         }
-        act_s4[i] = v;
+    } else {
+        // cp.async, as launch 1 stages x: the ~11 float4s of each thread in flight at once.
+        for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x)
+            cp_async_16(act_s4 + i, act4 + i);
+        cp_async_wait_all();
     }
     __syncthreads();
     float acc = 0.0f;
     if (!valid) return acc;
     const float* act_sh = act_s + int64_t(a.k) * a.seg_r;
+    // Each register slot is refilled with the next round's chunk as soon as it is consumed, so
+    // those loads fly while the rest of this round computes (same summation order).
     for (int64_t base = b; base < e;) {
+        const int64_t next = base + 32 * U;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t i = base + lane + 32 * u;
             const float c = __shfl_sync(full_mask, coef, seg[u]);
-            if (i >= e) continue;
-            if (i < routed) {
-                const float* xs = act_s + seg[u] * a.seg_r;
-                if constexpr (VEC) {
-                    const float dot = dot_chunk<RDT, CVT>(
-                        w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch_r, 0.0f);
-                    acc = fmaf(c, dot, acc);
+            if (i < e) {
+                if (i < routed) {
+                    const float* xs = act_s + seg[u] * a.seg_r;
+                    if constexpr (VEC) {
+                        const float dot = dot_chunk<RDT, CVT>(
+                            w[u], reinterpret_cast<const float4*>(xs) + ch[u], nch_r, 0.0f);
+                        acc = fmaf(c, dot, acc);
+                    } else {
+                        acc = fmaf(c, ws[u] * xs[ch[u]], acc);
+                    }
                 } else {
-                    acc = fmaf(c, ws[u] * xs[ch[u]], acc);
-                }
-            } else {
-                if constexpr (VEC) {
-                    acc = dot_chunk<SDT, Fp8Convert::hardware>(
-                        w[u], reinterpret_cast<const float4*>(act_sh) + ch[u], nch_s, acc);
-                } else {
-                    acc = fmaf(ws[u], act_sh[ch[u]], acc);
+                    if constexpr (VEC) {
+                        acc = dot_chunk<SDT, Fp8Convert::hardware>(
+                            w[u], reinterpret_cast<const float4*>(act_sh) + ch[u], nch_s, acc);
+                    } else {
+                        acc = fmaf(ws[u], act_sh[ch[u]], acc);
+                    }
                 }
             }
+            if (next < e) load_one(u, next);  // warp-uniform
         }
-        base += 32 * U;
-        if (base < e) load(base);
+        base = next;
     }
     return acc;
 }
@@ -300,6 +367,7 @@ __device__ float down_block_shared_dtype(const DecodeArgs& a, const uint8_t* seg
 
 template <bool VEC, int U, Fp8Convert CVT>
 __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeArgs a) {
+    pdl_enter();
     extern __shared__ float4 smem4[];
     float* act_s = reinterpret_cast<float*>(smem4);
     const int64_t t = blockIdx.x;
@@ -362,7 +430,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeA
 }
 
 template <bool VEC, int U, Fp8Convert CVT>
-void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, cudaStream_t stream) {
+void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
     const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
     {
         const int warps = cfg.gate_up_warps;
@@ -370,8 +438,7 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, cudaStream_t
         const size_t smem = size_t(a.D) * sizeof(float);
         auto kernel = decode_gate_up_kernel<VEC, U, CVT>;
         allow_dynamic_smem(kernel, smem);
-        kernel<<<grid, unsigned(warps * 32), smem, stream>>>(a);
-        CUDA_CHECK_LAUNCH();
+        launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
     }
     {
         const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row;
@@ -379,8 +446,7 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, cudaStream_t
         const size_t smem = size_t(a.act_row + warps) * sizeof(float);
         auto kernel = decode_down_kernel<VEC, U, CVT>;
         allow_dynamic_smem(kernel, smem);
-        kernel<<<grid, unsigned(warps * 32), smem, stream>>>(a);
-        CUDA_CHECK_LAUNCH();
+        launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
     }
 }
 
@@ -453,19 +519,23 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.seg_r = seg_floats(p.layout.n_ff);
     a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
     a.warps_per_row = c.down_warps_per_row;
+    a.norm = p.rms_norm;
+    a.norm_w = p.norm_w;
+    a.norm_w_bf16 = p.norm_w_type == mgl::dtype::bf16;
+    a.norm_eps = p.norm_eps;
 
     const bool bits = c.fp8_convert == Fp8Convert::bit_ops;
     if (!weights_vec_aligned(p)) {
-        launch_decode<false, 4, Fp8Convert::hardware>(a, c, stream);
+        launch_decode<false, 4, Fp8Convert::hardware>(a, c, p.pdl, stream);
     } else if (c.unroll == 2) {
-        bits ? launch_decode<true, 2, Fp8Convert::bit_ops>(a, c, stream)
-             : launch_decode<true, 2, Fp8Convert::hardware>(a, c, stream);
+        bits ? launch_decode<true, 2, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
+             : launch_decode<true, 2, Fp8Convert::hardware>(a, c, p.pdl, stream);
     } else if (c.unroll == 4) {
-        bits ? launch_decode<true, 4, Fp8Convert::bit_ops>(a, c, stream)
-             : launch_decode<true, 4, Fp8Convert::hardware>(a, c, stream);
+        bits ? launch_decode<true, 4, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
+             : launch_decode<true, 4, Fp8Convert::hardware>(a, c, p.pdl, stream);
     } else {
-        bits ? launch_decode<true, 8, Fp8Convert::bit_ops>(a, c, stream)
-             : launch_decode<true, 8, Fp8Convert::hardware>(a, c, stream);
+        bits ? launch_decode<true, 8, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
+             : launch_decode<true, 8, Fp8Convert::hardware>(a, c, p.pdl, stream);
     }
 }
 

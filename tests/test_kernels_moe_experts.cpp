@@ -39,6 +39,10 @@ struct Case {
     bool bad_ids = false;     // a few ids outside [0, E)
     int64_t check_every = 1;  // compare tokens t % check_every == 0 (big shapes: a sample)
     MoePath path = MoePath::automatic;
+    // Folded RMSNorm (decode path): x is the norm's input; no weight, or a bf16 / f32 weight.
+    bool norm = false;
+    bool norm_weight = true;
+    mgl::dtype norm_w_type = mgl::dtype::bf16;
     kernels::MoeDecodeConfig decode;
     kernels::MoeGroupedConfig grouped;
     uint64_t seed = 1;
@@ -52,7 +56,9 @@ struct Case {
           << " bad_ids=" << bad_ids << " path=" << int(path) << " unroll=" << decode.unroll
           << " fp8_convert=" << int(decode.fp8_convert) << " gate_up_warps=" << decode.gate_up_warps
           << " down_warps=" << decode.down_warps << " warps_per_row=" << decode.down_warps_per_row
-          << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m;
+          << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m
+          << " norm=" << norm
+          << " norm_w=" << (norm_weight ? mgl::dtype_name(norm_w_type) : "none");
         return s.str();
     }
 };
@@ -85,6 +91,27 @@ double run_case(const Case& c) {
     const auto x = test::random_floats(size_t(c.T * x_stride), c.seed + 2);
     const auto residual = test::random_floats(size_t(c.T * c.D), c.seed + 3, -4.0f, 4.0f);
 
+    // The folded norm: the reference sees rms_norm(x) · g computed in double (rounded to f32).
+    constexpr float eps = 1e-6f;
+    auto g = test::random_floats(size_t(c.D), c.seed + 4, 0.5f, 1.5f);
+    std::vector<uint16_t> g_bf16;
+    for (float& v : g) {
+        g_bf16.push_back(mgl::f32_to_bf16(v));
+        if (c.norm_w_type == mgl::dtype::bf16) v = mgl::bf16_to_f32(g_bf16.back());
+    }
+    std::vector<float> x_ref = x;
+    if (c.norm) {
+        for (int64_t t = 0; t < c.T; ++t) {
+            double ss = 0.0;
+            for (int64_t d = 0; d < c.D; ++d)
+                ss += double(x[size_t(t * x_stride + d)]) * x[size_t(t * x_stride + d)];
+            const double inv = 1.0 / std::sqrt(ss / double(c.D) + eps);
+            for (int64_t d = 0; d < c.D; ++d)
+                x_ref[size_t(t * x_stride + d)] = float(double(x[size_t(t * x_stride + d)]) * inv *
+                                                        (c.norm_weight ? g[size_t(d)] : 1.0f));
+        }
+    }
+    DeviceBuffer dg = c.norm_w_type == mgl::dtype::bf16 ? DeviceBuffer(g_bf16) : DeviceBuffer(g);
     DeviceBuffer dx(x), dids(routing.ids), dw(routing.weights), dres(residual);
     DeviceBuffer dout(size_t(c.T * c.D) * 4);  // NaN-poisoned
     kernels::MoeExpertsParams p;
@@ -103,12 +130,18 @@ double run_case(const Case& c) {
     p.path = c.path;
     p.decode = c.decode;
     p.grouped = c.grouped;
+    if (c.norm) {
+        p.rms_norm = true;
+        p.norm_w = c.norm_weight ? dg.ptr : nullptr;
+        p.norm_w_type = c.norm_w_type;
+        p.norm_eps = eps;
+    }
     DeviceBuffer ws(kernels::moe_experts_workspace_bytes(p));  // NaN-poisoned
     kernels::moe_experts(p, ws.ptr, ws.bytes, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = (c.in_place ? dres : dout).download<float>();
     const auto want = moe_test::reference_moe(
-        *bank, routing, c.k, x, x_stride, c.T, shared ? &shared->mlp : nullptr,
+        *bank, routing, c.k, x_ref, x_stride, c.T, shared ? &shared->mlp : nullptr,
         c.residual || c.in_place ? &residual : nullptr, c.check_every);
     int64_t non_finite = 0;
     for (float v : got) non_finite += std::isfinite(v) ? 0 : 1;
@@ -158,6 +191,56 @@ TEST_CASE("cuda moe decode: every dtype, shared expert and residual on and off, 
                     c.seed = ++seed;
                     check_case(c, 1e-5);
                 }
+}
+
+TEST_CASE("cuda moe decode: folded RMSNorm, every dtype and norm weight, T 1..3, both conversions" *
+          doctest::skip(no_gpu)) {
+    uint64_t seed = 50;
+    for (mgl::dtype type : all_types)
+        for (int w = 0; w < 3; ++w)  // no weight, bf16, f32
+            for (int64_t T : {1, 3}) {
+                Case c;
+                c.type = type;
+                c.shared = true;
+                c.shared_type = type == mgl::dtype::f32 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                c.residual = true;
+                c.T = T;
+                c.path = MoePath::decode;
+                c.norm = true;
+                c.norm_weight = w > 0;
+                c.norm_w_type = w == 2 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                c.seed = ++seed;
+                check_case(c, 1e-5);
+                if (type == mgl::dtype::f8_e4m3) {  // the integer FP8 conversion stages x scaled
+                    c.decode.fp8_convert = kernels::Fp8Convert::bit_ops;
+                    check_case(c, 1e-5);
+                }
+            }
+    // V2-Lite's shapes (D 2048: eight elements of x per thread), odd D (the scalar path).
+    Case lite;
+    lite.E = 64;
+    lite.D = 2048;
+    lite.F = 1408;
+    lite.k = 6;
+    lite.shared = true;
+    lite.shared_F = 2816;
+    lite.residual = true;
+    lite.norm = true;
+    lite.seed = 77;
+    check_case(lite, 1e-5);
+    Case odd;
+    odd.D = 61;
+    odd.F = 27;
+    odd.norm = true;
+    odd.path = MoePath::decode;
+    odd.seed = 78;
+    check_case(odd, 1e-5);
+    // The grouped path refuses it with one error.
+    Case grouped;
+    grouped.norm = true;
+    grouped.T = 20;
+    grouped.path = MoePath::grouped;
+    CHECK_THROWS_WITH_AS(run_case(grouped), doctest::Contains("decode path only"), mgl::error);
 }
 
 TEST_CASE("cuda moe decode: E x k grid, model shapes, odd shapes, strides, in-place residual" *

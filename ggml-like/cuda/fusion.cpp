@@ -7,6 +7,7 @@
 #include <string>
 
 #include "matmul.h"
+#include "moe.h"
 
 namespace mgl::cuda {
 
@@ -15,7 +16,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false};
+    fusion_switches keep{false, false, false, false, false};
     if (s != "0" && s != "none") {
         std::stringstream list(s);
         for (std::string name; std::getline(list, name, ',');) {
@@ -27,16 +28,18 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.route = true;
             } else if (name == "mla_prep") {
                 keep.mla_prep = true;
+            } else if (name == "norm_moe") {
+                keep.norm_moe = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
-                            "' (expected 0, all, or a comma list of norm, residual, route, "
-                            "mla_prep)");
+                            "' (expected 0, all, or a comma list of norm, norm_moe, residual, "
+                            "route, mla_prep)");
             }
         }
     }
     // The environment only turns fusions off.
     return {on.norm && keep.norm, on.residual && keep.residual, on.route && keep.route,
-            on.mla_prep && keep.mla_prep};
+            on.mla_prep && keep.mla_prep, on.norm_moe && keep.norm_moe};
 }
 
 namespace {
@@ -197,12 +200,21 @@ private:
                 continue;
             const auto& users = consumers(norm);
             const int64_t rows = norm->shape[size_t(norm->n_dims - 2)];
-            bool all_gemv = !users.empty() && rows <= minids::kernels::matmul_gemv_max_m();
+            // The MoE's decode path folds the norm into its gate/up launch (kernels/moe.h); the
+            // grouped (prompt) path does not.
+            const int64_t moe_rows = minids::kernels::MoeExpertsParams{}.decode_max_tokens;
+            bool all_fold = !users.empty() && rows <= minids::kernels::matmul_gemv_max_m();
             for (const tensor* u : users) {
-                all_gemv = all_gemv && u->op_kind == op::matmul && u->src[0] == norm &&
-                           u->src[1] != norm && u->src[2] != norm && !taken(u);
+                bool ok = u->src[0] == norm && !taken(u);
+                for (size_t i = 1; i < u->src.size(); ++i) ok = ok && u->src[i] != norm;
+                if (u->op_kind == op::matmul) {
+                    all_fold = all_fold && ok;
+                } else {
+                    all_fold = all_fold && ok && on_.norm_moe && u->op_kind == op::moe_experts &&
+                               rows <= moe_rows;
+                }
             }
-            if (!all_gemv) continue;
+            if (!all_fold) continue;
             for (tensor* u : users) p_.norm_of[u] = norm;
             p_.skipped.insert(norm);
             ++p_.n_norm;

@@ -2,7 +2,8 @@
 // structure alone (ops, shapes, strides, who consumes what):
 //
 //   norm      rms_norm -> matmul: the matmul normalizes its rows itself (its RMSNorm prologue),
-//             when every consumer of the norm is a matmul of at most 16 rows taking it as x.
+//             when every consumer of the norm is a matmul of at most 16 rows taking it as x,
+//             or (norm_moe) a moe_experts of at most 8 rows, whose decode path folds it too.
 //   residual  matmul -> add, moe_experts -> add: the product is added to the other operand as it
 //             is written (the residual epilogue), when the add is the product's only consumer.
 //   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
@@ -50,7 +51,7 @@ struct mla_prep_group {
 };
 
 struct fusion_plan {
-    std::unordered_map<const tensor*, tensor*> norm_of;         // matmul -> its fused rms_norm
+    std::unordered_map<const tensor*, tensor*> norm_of;  // matmul / moe_experts -> its rms_norm
     std::unordered_map<const tensor*, tensor*> residual_add;    // matmul / moe_experts -> the add
     std::unordered_map<const tensor*, tensor*> producer_of;     // the add -> matmul / moe_experts
     std::unordered_map<const tensor*, route_group> route_at;    // keyed by the weights node

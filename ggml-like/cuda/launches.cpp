@@ -337,8 +337,9 @@ launch_step route_step(const route_group& g) {
 }
 
 launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
-                             size_t& scratch) {
-    const tensor& x = *n.src[0];
+                             const tensor* norm, size_t& scratch) {
+    // With a folded rms_norm, x is the norm's input (its output is never computed).
+    const tensor& x = norm ? *norm->src[0] : *n.src[0];
     const tensor& ids = *n.src[1];
     const expert_layout& L = *n.experts;
     kn::MoeExpertsParams p;
@@ -369,8 +370,16 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
         p.shared.down = n.src[6]->data;
         p.shared.n_ff = gate->shape[0];
     }
+    if (norm) {
+        p.rms_norm = true;
+        p.norm_w = norm->src[1] ? norm->src[1]->data : nullptr;
+        p.norm_w_type = norm->src[1] ? norm->src[1]->type : dtype::f32;
+        p.norm_eps = norm->fparams[0];
+    }
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
-    return {add ? "moe_experts+add" : "moe_experts", add ? add : &n, [p](const exec_env& env) {
+    std::string what = norm ? "moe_experts+norm" : "moe_experts";
+    if (add) what += "+add";
+    return {what, add ? add : &n, [p](const exec_env& env) {
                 kn::MoeExpertsParams q = p;
                 q.pdl = env.pdl;
                 kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
@@ -623,9 +632,12 @@ std::string cuda_unsupported_reason(const tensor& n) {
 launch_list build_launches(const graph& g, const fusion_plan& f, const launch_context& ctx) {
     launch_list out;
     size_t scratch = 0;
+    auto norm_of = [&](const tensor& consumer) -> const tensor* {
+        auto it = f.norm_of.find(&consumer);
+        return it == f.norm_of.end() ? nullptr : it->second;
+    };
     auto add_matmul = [&](const tensor& mm, const tensor* add) {
-        auto norm_it = f.norm_of.find(&mm);
-        const tensor* norm = norm_it == f.norm_of.end() ? nullptr : norm_it->second;
+        const tensor* norm = norm_of(mm);
         const tensor* residual = nullptr;
         if (add) residual = add->src[0] == &mm ? add->src[1] : add->src[0];
         auto L = std::make_shared<matmul_launch>(plan_matmul(mm, norm, add, residual));
@@ -652,7 +664,8 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
             if (product.op_kind == op::matmul) {
                 add_matmul(product, n);
             } else {
-                out.steps.push_back(moe_experts_step(product, n, residual, scratch));
+                out.steps.push_back(
+                    moe_experts_step(product, n, residual, norm_of(product), scratch));
             }
             continue;
         }
@@ -679,7 +692,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(mla_attn_step(*n, scratch));
                 break;
             case op::moe_experts:
-                out.steps.push_back(moe_experts_step(*n, nullptr, nullptr, scratch));
+                out.steps.push_back(moe_experts_step(*n, nullptr, nullptr, norm_of(*n), scratch));
                 break;
             case op::concat:
                 out.steps.push_back(concat_step(*n));

@@ -48,6 +48,9 @@ struct cuda_fusions {
     bool residual = true;  // matmul -> add, moe_experts -> add: the residual epilogue
     bool route = true;     // softmax -> moe_topk -> moe_weights: one moe_route launch
     bool mla_prep = true;  // rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): mla_prep
+    // With norm: an rms_norm read by matmuls and a decode-sized moe_experts (the FFN norm, read
+    // by the router and the experts) is folded into all of them.
+    bool norm_moe = true;
 };
 
 struct cuda_options {
