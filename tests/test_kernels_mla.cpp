@@ -10,8 +10,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <random>
 #include <string>
 
+#include "fast_divisor.h"
 #include "mla.h"
 #include "mla_test_util.h"
 #include "test_util.h"
@@ -422,6 +424,34 @@ TEST_CASE("cuda mla prefill attention: every tensor-core variant" * doctest::ski
         }
     }
     run_all("prefill variants", cases, 400);
+}
+
+// The kernels' division by H and by page_size (host side: the same formula in 64-bit).
+TEST_CASE("fast divisor matches integer division for 31-bit operands") {
+    std::mt19937_64 rng(7);
+    std::vector<int32_t> divisors;
+    for (int32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+    for (int32_t d : {1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 1, INT32_MAX - 1, INT32_MAX})
+        divisors.push_back(d);
+    for (int i = 0; i < 200; ++i) divisors.push_back(int32_t(1 + rng() % INT32_MAX));
+    int64_t wrong = 0;
+    for (int32_t d : divisors) {
+        const kernels::FastDivisor f(d);
+        auto check = [&](int32_t n) {
+            int32_t q, r;
+            f.divmod(n, q, r);
+            wrong += q != n / d || r != n % d;
+        };
+        for (int32_t n = 0; n < 20000; ++n) check(n);
+        for (int32_t k = 1; k < 64; ++k) {  // around multiples of d and the top of the range
+            const int64_t m = int64_t(d) * k;
+            for (int64_t n = m - 2; n <= m + 2; ++n)
+                if (n >= 0 && n <= INT32_MAX) check(int32_t(n));
+            check(INT32_MAX - k);
+        }
+        for (int i = 0; i < 2000; ++i) check(int32_t(rng() % (int64_t(INT32_MAX) + 1)));
+    }
+    CHECK_MESSAGE(wrong == 0, wrong, " wrong quotients or remainders");
 }
 
 TEST_CASE("cuda mla attention rejects bad parameters with a clear error") {
