@@ -318,6 +318,12 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     a.page_div = FastDivisor(int32_t(c.page_size));
     a.r = int32_t(r);
     a.rope = int32_t(rope);
+    // float4 loads of Q need every row start 16-byte aligned (the views the model passes are).
+    auto vec4 = [](const float* q, int64_t st, int64_t sh) {
+        return reinterpret_cast<uintptr_t>(q) % 16 == 0 && st % 4 == 0 && sh % 4 == 0;
+    };
+    a.q_vec4 = vec4(p.q_lat, p.q_lat_stride_t, p.q_lat_stride_h) &&
+               vec4(p.q_pe, p.q_pe_stride_t, p.q_pe_stride_h);
     a.q_lat = p.q_lat;
     a.q_lat_st = p.q_lat_stride_t;
     a.q_lat_sh = p.q_lat_stride_h;

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda_check.h"
 #include "mla_internal.cuh"
@@ -126,6 +127,71 @@ __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int k
     }
 }
 
+// Q rows row0 .. row0 + ROWS - 1 (row = t·H + h) as bf16 into q_s (row stride ks): q_lat in
+// columns [0, r), q_pe in [r, r + rope), zeros up to ks, and all zeros for rows past rows_total.
+// Warp w takes rows w, w + warps, ..., two at a time with all their loads issued before any
+// conversion; lane l converts q_lat columns [8l, 8l + 8), [8l + 256, ...), ... and q_pe columns
+// [8l, 8l + 8) (r and rope are multiples of 8, r <= R_PAD, rope <= 128). VEC: float4 loads.
+template <class S, bool VEC>
+__device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, int row0,
+                               int rows_total) {
+    constexpr int rows_per_warp = S::rows / S::warps;
+    constexpr int batch = rows_per_warp >= 2 ? 2 : 1;  // rows with loads in flight
+    static_assert(S::rows % S::warps == 0 && rows_per_warp % batch == 0, "whole rows per warp");
+    constexpr int lat_iters = (S::R_PAD / 8 + 31) / 32;  // 8-column units of q_lat per lane
+    constexpr int units = lat_iters + 1;                 // and one of q_pe (rope <= 128)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col = 8 * lane;
+    auto load8 = [](float(&v)[8], const float* src) {
+        if constexpr (VEC) {
+            const float4 lo = *reinterpret_cast<const float4*>(src);
+            const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+            v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = src[e];
+        }
+    };
+    auto store8 = [](__nv_bfloat16* dst, const float(&v)[8]) {
+        *reinterpret_cast<uint4*>(dst) = uint4{pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                               pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7])};
+    };
+#pragma unroll 1
+    for (int rb = 0; rb < rows_per_warp; rb += batch) {
+        float v[batch][units][8];
+#pragma unroll
+        for (int b = 0; b < batch; ++b) {
+#pragma unroll
+            for (int u = 0; u < units; ++u)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[b][u][e] = 0.f;
+            const int row = row0 + warp + (rb + b) * S::warps;
+            if (row < rows_total) {
+                int t, h;
+                a.head_div.divmod(row, t, h);
+                const float* lat = a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col;
+                const float* pe = a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + col;
+#pragma unroll
+                for (int u = 0; u < lat_iters; ++u)
+                    if (col + 256 * u < a.r) load8(v[b][u], lat + 256 * u);
+                if (col < a.rope) load8(v[b][lat_iters], pe);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < batch; ++b) {
+            __nv_bfloat16* dst = q_s + (warp + (rb + b) * S::warps) * ks;
+#pragma unroll
+            for (int u = 0; u < lat_iters; ++u)
+                if (col + 256 * u < a.r) store8(dst + col + 256 * u, v[b][u]);
+            if (col < a.rope) store8(dst + a.r + col, v[b][lat_iters]);
+#pragma unroll 1
+            for (int c = a.r + a.rope + col; c < ks; c += 256)
+                *reinterpret_cast<uint4*>(dst + c) = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
 template <class S, typename PageT>
 __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnArgs a) {
     constexpr int ROWS = S::rows, KT = S::KT, WN = S::WN, MT = S::MT;
@@ -142,8 +208,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / WN, wn = warp % WN;
     const int g = lane / 4, c4 = lane % 4;
-    const int64_t rows_total = int64_t(a.T) * a.H;
-    const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+    const int rows_total = a.T * a.H;  // < 2^31 (make_args)
+    const int row0 = blockIdx.x * ROWS;
     const int split = blockIdx.y;
 
     const int n_keys = block_n_keys(a, &n_keys_slot);
@@ -158,9 +224,10 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
     __shared__ int block_max_limit;
     if (tid == 0) block_max_limit = -1;
     __syncthreads();
-    for (int i = tid; i < ROWS; i += S::threads) {
-        lim_s[i] = row_limit(a, row0 + i, n_keys);
-        atomicMax(&block_max_limit, lim_s[i]);
+    static_assert(ROWS <= S::threads, "one row limit per thread");
+    if (tid < ROWS) {
+        lim_s[tid] = row_limit(a, row0 + tid, n_keys);
+        atomicMax(&block_max_limit, lim_s[tid]);
     }
     __syncthreads();
     const int s_begin = split * plan.chunk;
@@ -174,32 +241,12 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         cp_async_commit();
     }
 
-    // Q as bf16, zero-padded to ks columns; four pairs in flight per thread. The zero padding
-    // columns of every K stage (never written by the loads) are set here too; the main loop's
-    // first barrier publishes both.
-    const int half_ks = ks / 2, n_pairs = ROWS * half_ks;
-    for (int base = tid; base < n_pairs; base += 4 * S::threads) {
-        float2 v[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = base + j * S::threads;
-            const int i = idx / half_ks, col = 2 * (idx % half_ks);
-            const int64_t row = row0 + i;
-            v[j] = make_float2(0.f, 0.f);
-            if (idx < n_pairs && row < rows_total && col < width) {
-                const int64_t t = row / a.H, h = row % a.H;
-                const float* src = col < a.r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
-                                             : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - a.r);
-                v[j] = make_float2(src[0], src[1]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = base + j * S::threads;
-            if (idx < n_pairs)
-                *reinterpret_cast<uint32_t*>(q_s + (idx / half_ks) * ks + 2 * (idx % half_ks)) =
-                    pack_bf16(v[j].x, v[j].y);
-        }
+    // Q as bf16, zero-padded to ks columns. The zero padding columns of every K stage (never
+    // written by the loads) are set here too; the main loop's first barrier publishes both.
+    if (a.q_vec4) {
+        stage_q<S, true>(a, q_s, ks, row0, rows_total);
+    } else {
+        stage_q<S, false>(a, q_s, ks, row0, rows_total);
     }
     const int pad_cols = ks - width;
     for (int idx = tid; idx < S::STAGES * KT * pad_cols; idx += S::threads) {
@@ -374,7 +421,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int lr = (wm * MT + mt) * 16 + g + hh * 8;
-            const int64_t row = row0 + lr;
+            const int row = row0 + lr;
             if (row >= rows_total) continue;
             float l = 0.f;
 #pragma unroll
@@ -399,6 +446,11 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
 // Launches one instance on grid (row tiles, max_splits).
 template <class S, typename PageT>
 void launch_tc_instance(const AttnArgs& a, int max_splits, cudaStream_t stream) {
+    // The kernel's loops are unrolled for r <= R_PAD (and rope <= 128).
+    if (a.r > S::R_PAD || a.rope > 128)
+        ::mgl::fail(__FILE__, __LINE__,
+                    "mla tensor-core instance for r <= " + std::to_string(S::R_PAD) +
+                        " launched with r = " + std::to_string(a.r));
     const size_t smem = tc_smem_bytes<S>(a.r, a.rope);
     auto kernel = mla_attn_tc_kernel<S, PageT>;
     CUDA_CHECK(

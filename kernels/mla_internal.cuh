@@ -49,6 +49,7 @@ struct AttnArgs {
     int32_t n_pages, page_size, max_pages;
     FastDivisor page_div;  // by page_size
     int32_t r, rope;
+    int32_t q_vec4;  // q_lat and q_pe: 16-byte aligned base and strides (float4 loads)
     const float* q_lat;
     int64_t q_lat_st, q_lat_sh;
     const float* q_pe;
