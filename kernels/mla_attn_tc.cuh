@@ -88,6 +88,23 @@ __device__ inline void cp_async_16(void* dst, const void* src, int src_bytes) {
                  "r"(src_bytes)
                  : "memory");
 }
+// The same at dst_smem + DST_OFF and src + SRC_OFF bytes: the offsets go into the instruction.
+template <int DST_OFF, int SRC_OFF>
+__device__ inline void cp_async_16(uint32_t dst_smem, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%4], 16, %2;\n" ::"r"(dst_smem), "l"(src),
+                 "r"(src_bytes), "n"(DST_OFF), "n"(SRC_OFF)
+                 : "memory");
+}
+// A row's 16-byte chunks c = 0 .. N-1 (those with lane + 32·c < chunks): this lane's chunk c
+// sits 512·c bytes (32 lanes x 16) after dst_smem and after src.
+template <int C, int N>
+__device__ inline void cp_async_row(uint32_t dst_smem, const void* src, int src_bytes, int lane,
+                                    int chunks) {
+    if constexpr (C < N) {
+        if (lane + 32 * C < chunks) cp_async_16<512 * C, 512 * C>(dst_smem, src, src_bytes);
+        cp_async_row<C + 1, N>(dst_smem, src, src_bytes, lane, chunks);
+    }
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ inline void cp_async_wait() {
@@ -99,30 +116,56 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Loads KT cache rows starting at key k0 into `dst` (bf16, row stride ks); keys >= k_end or
-// unmapped read as zeros. One warp per row, lanes over 16-byte chunks (coalesced).
+// unmapped read as zeros. Warp w takes rows w, w + warps, ...; lane j first looks up the cache
+// row of the warp's j-th key, so a tile's page-table reads go out together (cp.async's memory
+// clobber would otherwise order each lookup behind the previous row's copies). Lanes then copy
+// 16-byte chunks of each row (coalesced); width <= R_PAD + 128 bounds the chunks per lane.
 template <class S, typename PageT>
 __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int ks, int k0,
                                     int k_end) {
-    const int width = a.r + a.rope;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int rows_per_warp = S::KT / S::warps;
+    static_assert(S::KT % S::warps == 0 && rows_per_warp <= 32, "one lookup per lane");
     constexpr int per_chunk = 16 / int(sizeof(PageT));  // elements per 16-byte global load
+    constexpr int chunk_iters = ((S::R_PAD + 128) / per_chunk + 31) / 32;
+    const int width = a.r + a.rope;
     const int chunks = width / per_chunk;
-    const PageT* pages = static_cast<const PageT*>(a.pages);
-    for (int kr = warp; kr < S::KT; kr += S::warps) {
-        const int key = k0 + kr;
-        const int64_t row =
-            key < k_end ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key) : -1;
-        const PageT* src = pages + (row < 0 ? 0 : row * width);
-        __nv_bfloat16* d = dst + kr * ks;
-        for (int ch = lane; ch < chunks; ch += 32) {
-            if constexpr (sizeof(PageT) == 2) {
-                cp_async_16(d + ch * per_chunk, src + ch * per_chunk, row < 0 ? 0 : 16);
-            } else {
-                float4 v = row < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                   : __ldg(reinterpret_cast<const float4*>(src) + ch);
-                uint2 packed{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
-                *reinterpret_cast<uint2*>(d + ch * per_chunk) = packed;
-            }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int lane_row = -1;
+    if (lane < rows_per_warp) {
+        const int key = k0 + warp + lane * S::warps;
+        if (key < k_end) lane_row = attn_cache_row(a, key);
+    }
+    const PageT* pages = static_cast<const PageT*>(a.pages) + lane * per_chunk;
+    if constexpr (sizeof(PageT) == 2) {
+        uint32_t d = smem_u32(dst + warp * ks + lane * per_chunk);
+        // Fully unrolled, 16 rows or 64 columns per warp held more registers than before.
+        constexpr int row_unroll = rows_per_warp <= 8 && S::R_PAD == 512 ? rows_per_warp : 2;
+#pragma unroll row_unroll
+        for (int j = 0; j < rows_per_warp; ++j, d += 2 * S::warps * ks) {
+            const int row = __shfl_sync(0xffffffffu, lane_row, j);
+            const PageT* src = pages + uint64_t(uint32_t(max(row, 0))) * uint32_t(width);
+            const int bytes = row < 0 ? 0 : 16;
+            cp_async_row<0, chunk_iters>(d, src, bytes, lane, chunks);
+        }
+    } else {
+        // f32 pages pass through registers: one row at a time keeps the loads in flight (and
+        // the registers) to chunk_iters per lane.
+        __nv_bfloat16* d = dst + warp * ks + lane * per_chunk;
+#pragma unroll 1
+        for (int j = 0; j < rows_per_warp; ++j, d += S::warps * ks) {
+            const int row = __shfl_sync(0xffffffffu, lane_row, j);
+            const PageT* src = pages + uint64_t(uint32_t(max(row, 0))) * uint32_t(width);
+            float4 v[chunk_iters];
+#pragma unroll
+            for (int c = 0; c < chunk_iters; ++c)
+                v[c] = row >= 0 && lane + 32 * c < chunks
+                           ? __ldg(reinterpret_cast<const float4*>(src + 32 * c * per_chunk))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < chunk_iters; ++c)
+                if (lane + 32 * c < chunks)
+                    *reinterpret_cast<uint2*>(d + 32 * c * per_chunk) =
+                        uint2{pack_bf16(v[c].x, v[c].y), pack_bf16(v[c].z, v[c].w)};
         }
     }
 }
@@ -241,17 +284,18 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         cp_async_commit();
     }
 
-    // Q as bf16, zero-padded to ks columns. The zero padding columns of every K stage (never
-    // written by the loads) are set here too; the main loop's first barrier publishes both.
+    // Q as bf16, zero-padded to ks columns. The zero padding columns [width, ks) of every K
+    // stage (never written by the loads; a multiple of 8 columns) are set here too, one row per
+    // thread; the main loop's first barrier publishes both.
     if (a.q_vec4) {
         stage_q<S, true>(a, q_s, ks, row0, rows_total);
     } else {
         stage_q<S, false>(a, q_s, ks, row0, rows_total);
     }
-    const int pad_cols = ks - width;
-    for (int idx = tid; idx < S::STAGES * KT * pad_cols; idx += S::threads) {
-        kv_s[(idx / pad_cols) * ks + width + idx % pad_cols] = __float2bfloat16_rn(0.f);
-    }
+    for (int kr = tid; kr < S::STAGES * KT; kr += S::threads)
+#pragma unroll 1
+        for (int col = width; col < ks; col += 8)
+            *reinterpret_cast<uint4*>(kv_s + kr * ks + col) = make_uint4(0, 0, 0, 0);
 
     int lim[MT][2];
 #pragma unroll

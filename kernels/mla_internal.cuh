@@ -68,6 +68,18 @@ struct AttnArgs {
     float* ws_o;    // [max_splits][T·H][r]
 };
 
+// cache_row for the attention kernels: 32-bit (a cache row index is < n_pages · page_size <=
+// INT32_MAX) and no division instruction sequence (page_div).
+__device__ inline int attn_cache_row(const AttnArgs& a, int pos) {
+    if (pos < 0) return -1;
+    int logical, offset;
+    a.page_div.divmod(pos, logical, offset);
+    if (logical >= a.max_pages) return -1;
+    const int phys = a.page_table[logical];
+    if (phys < 0 || phys >= a.n_pages) return -1;
+    return phys * a.page_size + offset;
+}
+
 // Largest position + 1 over the T tokens, clamped to the keys the page table can address (the
 // number of keys any row may see). Block-wide; every thread gets the result.
 __device__ inline int block_n_keys(const AttnArgs& a, int* smem_slot) {
