@@ -299,6 +299,7 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
             ": need multiples of 8 with 8 <= r <= 512 and 8 <= rope <= 128");
     if (reinterpret_cast<uintptr_t>(c.pages) % 16 != 0) bad("pages must be 16-byte aligned");
     if (c.n_pages < 1 || c.page_size < 1 || c.max_pages < 1 || c.n_pages > INT32_MAX ||
+        c.page_size > INT32_MAX || c.n_pages * c.page_size > INT32_MAX ||
         c.max_pages * c.page_size > INT32_MAX)
         bad("cache of " + std::to_string(c.n_pages) + " pages x " + std::to_string(c.page_size) +
             " rows, page table of " + std::to_string(c.max_pages) + ": sizes out of range");
@@ -316,8 +317,15 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     a.n_pages = int32_t(c.n_pages);
     a.page_size = int32_t(c.page_size);
     a.max_pages = int32_t(c.max_pages);
+    a.page_div = FastDivisor(int32_t(c.page_size));
     a.r = int32_t(r);
     a.rope = int32_t(rope);
+    // float4 loads of Q need every row start 16-byte aligned (the views the model passes are).
+    auto vec4 = [](const float* q, int64_t st, int64_t sh) {
+        return reinterpret_cast<uintptr_t>(q) % 16 == 0 && st % 4 == 0 && sh % 4 == 0;
+    };
+    a.q_vec4 = vec4(p.q_lat, p.q_lat_stride_t, p.q_lat_stride_h) &&
+               vec4(p.q_pe, p.q_pe_stride_t, p.q_pe_stride_h);
     a.q_lat = p.q_lat;
     a.q_lat_st = p.q_lat_stride_t;
     a.q_lat_sh = p.q_lat_stride_h;
@@ -330,6 +338,7 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     a.positions = p.positions;
     a.T = int32_t(p.T);
     a.H = int32_t(p.H);
+    a.head_div = FastDivisor(a.H);
     a.scale_log2 = p.scale * 1.4426950408889634f;
     a.min_keys =
         p.min_keys_per_split > 0 ? p.min_keys_per_split : (kernel == MlaKernel::decode ? 64 : 512);

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda_check.h"
 #include "mla_internal.cuh"
@@ -87,6 +88,23 @@ __device__ inline void cp_async_16(void* dst, const void* src, int src_bytes) {
                  "r"(src_bytes)
                  : "memory");
 }
+// The same at dst_smem + DST_OFF and src + SRC_OFF bytes: the offsets go into the instruction.
+template <int DST_OFF, int SRC_OFF>
+__device__ inline void cp_async_16(uint32_t dst_smem, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%4], 16, %2;\n" ::"r"(dst_smem), "l"(src),
+                 "r"(src_bytes), "n"(DST_OFF), "n"(SRC_OFF)
+                 : "memory");
+}
+// A row's 16-byte chunks c = 0 .. N-1 (those with lane + 32·c < chunks): this lane's chunk c
+// sits 512·c bytes (32 lanes x 16) after dst_smem and after src.
+template <int C, int N>
+__device__ inline void cp_async_row(uint32_t dst_smem, const void* src, int src_bytes, int lane,
+                                    int chunks) {
+    if constexpr (C < N) {
+        if (lane + 32 * C < chunks) cp_async_16<512 * C, 512 * C>(dst_smem, src, src_bytes);
+        cp_async_row<C + 1, N>(dst_smem, src, src_bytes, lane, chunks);
+    }
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ inline void cp_async_wait() {
@@ -98,30 +116,121 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Loads KT cache rows starting at key k0 into `dst` (bf16, row stride ks); keys >= k_end or
-// unmapped read as zeros. One warp per row, lanes over 16-byte chunks (coalesced).
+// unmapped read as zeros. Warp w takes rows w, w + warps, ...; lane j first looks up the cache
+// row of the warp's j-th key, so a tile's page-table reads go out together (cp.async's memory
+// clobber would otherwise order each lookup behind the previous row's copies). Lanes then copy
+// 16-byte chunks of each row (coalesced); width <= R_PAD + 128 bounds the chunks per lane.
 template <class S, typename PageT>
 __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int ks, int k0,
                                     int k_end) {
-    const int width = a.r + a.rope;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int rows_per_warp = S::KT / S::warps;
+    static_assert(S::KT % S::warps == 0 && rows_per_warp <= 32, "one lookup per lane");
     constexpr int per_chunk = 16 / int(sizeof(PageT));  // elements per 16-byte global load
+    constexpr int chunk_iters = ((S::R_PAD + 128) / per_chunk + 31) / 32;
+    const int width = a.r + a.rope;
     const int chunks = width / per_chunk;
-    const PageT* pages = static_cast<const PageT*>(a.pages);
-    for (int kr = warp; kr < S::KT; kr += S::warps) {
-        const int key = k0 + kr;
-        const int64_t row =
-            key < k_end ? cache_row(a.page_table, a.max_pages, a.n_pages, a.page_size, key) : -1;
-        const PageT* src = pages + (row < 0 ? 0 : row * width);
-        __nv_bfloat16* d = dst + kr * ks;
-        for (int ch = lane; ch < chunks; ch += 32) {
-            if constexpr (sizeof(PageT) == 2) {
-                cp_async_16(d + ch * per_chunk, src + ch * per_chunk, row < 0 ? 0 : 16);
-            } else {
-                float4 v = row < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                   : __ldg(reinterpret_cast<const float4*>(src) + ch);
-                uint2 packed{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
-                *reinterpret_cast<uint2*>(d + ch * per_chunk) = packed;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int lane_row = -1;
+    if (lane < rows_per_warp) {
+        const int key = k0 + warp + lane * S::warps;
+        if (key < k_end) lane_row = attn_cache_row(a, key);
+    }
+    const PageT* pages = static_cast<const PageT*>(a.pages) + lane * per_chunk;
+    if constexpr (sizeof(PageT) == 2) {
+        uint32_t d = smem_u32(dst + warp * ks + lane * per_chunk);
+        // Fully unrolled, 16 rows or 64 columns per warp held more registers than before.
+        constexpr int row_unroll = rows_per_warp <= 8 && S::R_PAD == 512 ? rows_per_warp : 2;
+#pragma unroll row_unroll
+        for (int j = 0; j < rows_per_warp; ++j, d += 2 * S::warps * ks) {
+            const int row = __shfl_sync(0xffffffffu, lane_row, j);
+            const PageT* src = pages + uint64_t(uint32_t(max(row, 0))) * uint32_t(width);
+            const int bytes = row < 0 ? 0 : 16;
+            cp_async_row<0, chunk_iters>(d, src, bytes, lane, chunks);
+        }
+    } else {
+        // f32 pages pass through registers: one row at a time keeps the loads in flight (and
+        // the registers) to chunk_iters per lane.
+        __nv_bfloat16* d = dst + warp * ks + lane * per_chunk;
+#pragma unroll 1
+        for (int j = 0; j < rows_per_warp; ++j, d += S::warps * ks) {
+            const int row = __shfl_sync(0xffffffffu, lane_row, j);
+            const PageT* src = pages + uint64_t(uint32_t(max(row, 0))) * uint32_t(width);
+            float4 v[chunk_iters];
+#pragma unroll
+            for (int c = 0; c < chunk_iters; ++c)
+                v[c] = row >= 0 && lane + 32 * c < chunks
+                           ? __ldg(reinterpret_cast<const float4*>(src + 32 * c * per_chunk))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < chunk_iters; ++c)
+                if (lane + 32 * c < chunks)
+                    *reinterpret_cast<uint2*>(d + 32 * c * per_chunk) =
+                        uint2{pack_bf16(v[c].x, v[c].y), pack_bf16(v[c].z, v[c].w)};
+        }
+    }
+}
+
+// Q rows row0 .. row0 + ROWS - 1 (row = t·H + h) as bf16 into q_s (row stride ks): q_lat in
+// columns [0, r), q_pe in [r, r + rope), zeros up to ks, and all zeros for rows past rows_total.
+// Warp w takes rows w, w + warps, ..., two at a time with all their loads issued before any
+// conversion; lane l converts q_lat columns [8l, 8l + 8), [8l + 256, ...), ... and q_pe columns
+// [8l, 8l + 8) (r and rope are multiples of 8, r <= R_PAD, rope <= 128). VEC: float4 loads.
+template <class S, bool VEC>
+__device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, int row0,
+                               int rows_total) {
+    constexpr int rows_per_warp = S::rows / S::warps;
+    constexpr int batch = rows_per_warp >= 2 ? 2 : 1;  // rows with loads in flight
+    static_assert(S::rows % S::warps == 0 && rows_per_warp % batch == 0, "whole rows per warp");
+    constexpr int lat_iters = (S::R_PAD / 8 + 31) / 32;  // 8-column units of q_lat per lane
+    constexpr int units = lat_iters + 1;                 // and one of q_pe (rope <= 128)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col = 8 * lane;
+    auto load8 = [](float(&v)[8], const float* src) {
+        if constexpr (VEC) {
+            const float4 lo = *reinterpret_cast<const float4*>(src);
+            const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+            v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = src[e];
+        }
+    };
+    auto store8 = [](__nv_bfloat16* dst, const float(&v)[8]) {
+        *reinterpret_cast<uint4*>(dst) = uint4{pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                               pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7])};
+    };
+#pragma unroll 1
+    for (int rb = 0; rb < rows_per_warp; rb += batch) {
+        float v[batch][units][8];
+#pragma unroll
+        for (int b = 0; b < batch; ++b) {
+#pragma unroll
+            for (int u = 0; u < units; ++u)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[b][u][e] = 0.f;
+            const int row = row0 + warp + (rb + b) * S::warps;
+            if (row < rows_total) {
+                int t, h;
+                a.head_div.divmod(row, t, h);
+                const float* lat = a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col;
+                const float* pe = a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + col;
+#pragma unroll
+                for (int u = 0; u < lat_iters; ++u)
+                    if (col + 256 * u < a.r) load8(v[b][u], lat + 256 * u);
+                if (col < a.rope) load8(v[b][lat_iters], pe);
             }
+        }
+#pragma unroll
+        for (int b = 0; b < batch; ++b) {
+            __nv_bfloat16* dst = q_s + (warp + (rb + b) * S::warps) * ks;
+#pragma unroll
+            for (int u = 0; u < lat_iters; ++u)
+                if (col + 256 * u < a.r) store8(dst + col + 256 * u, v[b][u]);
+            if (col < a.rope) store8(dst + a.r + col, v[b][lat_iters]);
+#pragma unroll 1
+            for (int c = a.r + a.rope + col; c < ks; c += 256)
+                *reinterpret_cast<uint4*>(dst + c) = make_uint4(0, 0, 0, 0);
         }
     }
 }
@@ -142,8 +251,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / WN, wn = warp % WN;
     const int g = lane / 4, c4 = lane % 4;
-    const int64_t rows_total = int64_t(a.T) * a.H;
-    const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+    const int rows_total = a.T * a.H;  // < 2^31 (make_args)
+    const int row0 = blockIdx.x * ROWS;
     const int split = blockIdx.y;
 
     const int n_keys = block_n_keys(a, &n_keys_slot);
@@ -158,9 +267,10 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
     __shared__ int block_max_limit;
     if (tid == 0) block_max_limit = -1;
     __syncthreads();
-    for (int i = tid; i < ROWS; i += S::threads) {
-        lim_s[i] = row_limit(a, row0 + i, n_keys);
-        atomicMax(&block_max_limit, lim_s[i]);
+    static_assert(ROWS <= S::threads, "one row limit per thread");
+    if (tid < ROWS) {
+        lim_s[tid] = row_limit(a, row0 + tid, n_keys);
+        atomicMax(&block_max_limit, lim_s[tid]);
     }
     __syncthreads();
     const int s_begin = split * plan.chunk;
@@ -174,37 +284,18 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         cp_async_commit();
     }
 
-    // Q as bf16, zero-padded to ks columns; four pairs in flight per thread. The zero padding
-    // columns of every K stage (never written by the loads) are set here too; the main loop's
-    // first barrier publishes both.
-    const int half_ks = ks / 2, n_pairs = ROWS * half_ks;
-    for (int base = tid; base < n_pairs; base += 4 * S::threads) {
-        float2 v[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = base + j * S::threads;
-            const int i = idx / half_ks, col = 2 * (idx % half_ks);
-            const int64_t row = row0 + i;
-            v[j] = make_float2(0.f, 0.f);
-            if (idx < n_pairs && row < rows_total && col < width) {
-                const int64_t t = row / a.H, h = row % a.H;
-                const float* src = col < a.r ? a.q_lat + t * a.q_lat_st + h * a.q_lat_sh + col
-                                             : a.q_pe + t * a.q_pe_st + h * a.q_pe_sh + (col - a.r);
-                v[j] = make_float2(src[0], src[1]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = base + j * S::threads;
-            if (idx < n_pairs)
-                *reinterpret_cast<uint32_t*>(q_s + (idx / half_ks) * ks + 2 * (idx % half_ks)) =
-                    pack_bf16(v[j].x, v[j].y);
-        }
+    // Q as bf16, zero-padded to ks columns. The zero padding columns [width, ks) of every K
+    // stage (never written by the loads; a multiple of 8 columns) are set here too, one row per
+    // thread; the main loop's first barrier publishes both.
+    if (a.q_vec4) {
+        stage_q<S, true>(a, q_s, ks, row0, rows_total);
+    } else {
+        stage_q<S, false>(a, q_s, ks, row0, rows_total);
     }
-    const int pad_cols = ks - width;
-    for (int idx = tid; idx < S::STAGES * KT * pad_cols; idx += S::threads) {
-        kv_s[(idx / pad_cols) * ks + width + idx % pad_cols] = __float2bfloat16_rn(0.f);
-    }
+    for (int kr = tid; kr < S::STAGES * KT; kr += S::threads)
+#pragma unroll 1
+        for (int col = width; col < ks; col += 8)
+            *reinterpret_cast<uint4*>(kv_s + kr * ks + col) = make_uint4(0, 0, 0, 0);
 
     int lim[MT][2];
 #pragma unroll
@@ -374,7 +465,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int lr = (wm * MT + mt) * 16 + g + hh * 8;
-            const int64_t row = row0 + lr;
+            const int row = row0 + lr;
             if (row >= rows_total) continue;
             float l = 0.f;
 #pragma unroll
@@ -399,6 +490,11 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
 // Launches one instance on grid (row tiles, max_splits).
 template <class S, typename PageT>
 void launch_tc_instance(const AttnArgs& a, int max_splits, cudaStream_t stream) {
+    // The kernel's loops are unrolled for r <= R_PAD (and rope <= 128).
+    if (a.r > S::R_PAD || a.rope > 128)
+        ::mgl::fail(__FILE__, __LINE__,
+                    "mla tensor-core instance for r <= " + std::to_string(S::R_PAD) +
+                        " launched with r = " + std::to_string(a.r));
     const size_t smem = tc_smem_bytes<S>(a.r, a.rope);
     auto kernel = mla_attn_tc_kernel<S, PageT>;
     CUDA_CHECK(

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "fast_divisor.h"
 #include "mla.h"
 
 namespace minids::kernels::mla_detail {
@@ -39,12 +40,16 @@ __device__ inline SplitPlan plan_splits(int n_keys, int max_splits, int min_keys
     return {(n_keys + chunk - 1) / chunk, chunk};
 }
 
-// Everything an attention kernel reads, 32-bit sizes (positions are i32).
+// Everything an attention kernel reads, 32-bit sizes (positions are i32). make_args guarantees
+// T·H <= INT32_MAX / 2 and n_pages · page_size <= INT32_MAX, so row indices (of queries and of
+// cache rows) are 32-bit.
 struct AttnArgs {
     const void* pages;
     const int32_t* page_table;
     int32_t n_pages, page_size, max_pages;
+    FastDivisor page_div;  // by page_size
     int32_t r, rope;
+    int32_t q_vec4;  // q_lat and q_pe: 16-byte aligned base and strides (float4 loads)
     const float* q_lat;
     int64_t q_lat_st, q_lat_sh;
     const float* q_pe;
@@ -53,7 +58,8 @@ struct AttnArgs {
     int64_t out_st, out_sh;
     const int32_t* positions;
     int32_t T, H;
-    float scale_log2;  // scale · log2(e): softmax runs in base 2
+    FastDivisor head_div;  // by H: row = t·H + h
+    float scale_log2;      // scale · log2(e): softmax runs in base 2
     int32_t min_keys;
     // Workspace (null when max_splits == 1): the split count used, then per split and row the
     // log2-sum-exp and the normalized partial output.
@@ -61,6 +67,18 @@ struct AttnArgs {
     float* ws_lse;  // [max_splits][T·H]
     float* ws_o;    // [max_splits][T·H][r]
 };
+
+// cache_row for the attention kernels: 32-bit (a cache row index is < n_pages · page_size <=
+// INT32_MAX) and no division instruction sequence (page_div).
+__device__ inline int attn_cache_row(const AttnArgs& a, int pos) {
+    if (pos < 0) return -1;
+    int logical, offset;
+    a.page_div.divmod(pos, logical, offset);
+    if (logical >= a.max_pages) return -1;
+    const int phys = a.page_table[logical];
+    if (phys < 0 || phys >= a.n_pages) return -1;
+    return phys * a.page_size + offset;
+}
 
 // Largest position + 1 over the T tokens, clamped to the keys the page table can address (the
 // number of keys any row may see). Block-wide; every thread gets the result.
@@ -79,13 +97,17 @@ __device__ inline int block_n_keys(const AttnArgs& a, int* smem_slot) {
 // The causal limit (last key, inclusive) of row `row` = t·H + h; -1 for rows past the end.
 __device__ inline int row_limit(const AttnArgs& a, int64_t row, int n_keys) {
     if (row >= int64_t(a.T) * a.H) return -1;
-    const int pos = a.positions[row / a.H];
+    const int pos = a.positions[a.head_div.div(int(row))];  // row < T·H < 2^31
     return pos < n_keys - 1 ? pos : n_keys - 1;
 }
 
 // Where (t, h, d) of the output goes: `out` directly, or the split's partial in the workspace.
 __device__ inline float* out_ptr(const AttnArgs& a, bool direct, int split, int64_t row) {
-    if (direct) return a.out + (row / a.H) * a.out_st + (row % a.H) * a.out_sh;
+    if (direct) {
+        int t, h;
+        a.head_div.divmod(int(row), t, h);  // row < T·H < 2^31
+        return a.out + t * a.out_st + h * a.out_sh;
+    }
     return a.ws_o + (int64_t(split) * a.T * a.H + row) * a.r;
 }
 

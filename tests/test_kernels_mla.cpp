@@ -1,8 +1,9 @@
 // MLA attention kernels (kernels/mla.h) against a naive double-precision reference: decode and
 // prefill launchers, both implementations, every tensor-core block shape, f32 and bf16 pages,
-// scrambled page tables, page sizes 16 and 64, positions starting at n_past, strided queries
-// (laid out as the model's views are) and a strided, NaN-poisoned output whose gaps must stay
-// untouched; lengths from 1 to 32768 keys and a captured graph replayed over changing lengths.
+// scrambled page tables, page sizes 16, 48 and 64, positions starting at n_past, strided queries
+// (laid out as the model's views are, 16-byte aligned or not) and a strided, NaN-poisoned
+// output whose gaps must stay untouched; lengths from 1 to 32768 keys and a captured graph
+// replayed over changing lengths.
 // Bounds: f32 pages on the CUDA-core kernel 1e-5 relative L2; anything on tensor cores
 // or bf16 pages 1e-2 against the reference computed from the same bf16-rounded cache values.
 // Every case is checked (a failure names its case) and each test prints its worst error.
@@ -10,8 +11,11 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <random>
 #include <string>
+#include <tuple>
 
+#include "fast_divisor.h"
 #include "mla.h"
 #include "mla_test_util.h"
 #include "test_util.h"
@@ -30,6 +34,7 @@ struct AttnCase {
     int variant = -1;
     mgl::dtype type = mgl::dtype::bf16;
     int64_t r = 512, rope = 64, page_size = 64, T = 1, H = 16, n_past = 0;
+    int64_t nope = 24;   // q_pe's offset in the q rows it is a slice of (odd: q_pe unaligned)
     int max_splits = 0;  // 0: mla_attn_default_max_splits
     int min_keys = 0;
 
@@ -46,10 +51,11 @@ struct AttnCase {
         char buf[256];
         std::snprintf(buf, sizeof buf,
                       "%s %s variant %d, %s pages of %lld, r %lld rope %lld, T %lld H %lld "
-                      "n_past %lld, max_splits %d min_keys %d",
+                      "n_past %lld, max_splits %d min_keys %d nope %lld",
                       kernel == MlaKernel::decode ? "decode" : "prefill", impl_name, variant,
                       test::type_name(type), (long long)page_size, (long long)r, (long long)rope,
-                      (long long)T, (long long)H, (long long)n_past, max_splits, min_keys);
+                      (long long)T, (long long)H, (long long)n_past, max_splits, min_keys,
+                      (long long)nope);
         return buf;
     }
 };
@@ -94,7 +100,7 @@ double run_case(const AttnCase& k, uint64_t seed) {
     const test::HostCache cache = test::make_cache(k.type, r, rope, k.page_size, n_ctx, seed);
     // The model's layouts: q_lat is a [T, H, r] view of an [H, T, r] tensor, q_pe a slice of
     // q [T, H, nope + rope]; out has a 3-element gap after every head (NaN, must stay NaN).
-    const int64_t nope = 24, qw = nope + rope, ow = r + 3;
+    const int64_t nope = k.nope, qw = nope + rope, ow = r + 3;
     const auto q_lat_ht = test::random_floats(size_t(H * T * r), seed + 1);
     const auto q_full = test::random_floats(size_t(T * H * qw), seed + 2);
     std::vector<float> q_lat(size_t(T * H * r)), q_pe(size_t(T * H * rope));
@@ -280,6 +286,52 @@ TEST_CASE("cuda mla decode attention at 1, 7, 512, 4097 and 32768 keys" * doctes
     run_all("decode lengths", cases, 300);
 }
 
+// The tensor-core decode kernel around its tile edges (64 keys per tile, 16 rows per block) on
+// V2-Lite's shape: every decode variant with bf16 pages, variant 0 with f32 pages (converted on
+// load), page sizes 64 (the shift path) and 48 (division); rows of several tokens in one tile
+// (H = 12) and rows past the end of the last tile; q_pe at an offset that is not 16-byte
+// aligned (the scalar Q loads).
+TEST_CASE("cuda mla decode attention on tensor cores at 1, 2, 63, 64, 65, 512 and 4096 keys" *
+          doctest::skip(no_gpu)) {
+    std::vector<AttnCase> cases;
+    const int n_variants = kernels::mla_attn_variant_count(MlaKernel::decode);
+    for (int64_t keys : {1, 2, 63, 64, 65, 512, 4096}) {
+        AttnCase c;
+        c.impl = MlaImpl::tensor_core;
+        c.n_past = keys - 1;
+        for (int v = -1; v < n_variants; ++v) {
+            c.variant = v;
+            cases.push_back(c);
+        }
+        c.variant = -1;
+        c.page_size = 48;
+        cases.push_back(c);
+        c.type = mgl::dtype::f32;
+        c.variant = 0;
+        for (int64_t page_size : {64, 48}) {
+            c.page_size = page_size;
+            cases.push_back(c);
+        }
+    }
+    for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32})
+        for (int64_t keys : {1, 65, 4096})
+            for (auto [T, H, nope] :
+                 {std::tuple{1, 12, 24}, std::tuple{3, 12, 24}, std::tuple{2, 16, 24},
+                  std::tuple{3, 16, 5}, std::tuple{1, 16, 7}}) {
+                AttnCase c;
+                c.impl = MlaImpl::tensor_core;
+                c.type = type;
+                c.T = T;
+                c.H = H;
+                c.nope = nope;
+                c.n_past = keys - T;  // the last token sees `keys` keys
+                if (c.n_past < 0) continue;
+                c.page_size = keys == 65 ? 48 : 64;
+                cases.push_back(c);
+            }
+    run_all("decode tensor cores at tile edges", cases, 500);
+}
+
 // One captured graph replayed while the cache length changes between replays (as the decode
 // graph is: the length is read from positions[] in device memory). Each replay against its own
 // reference; the grid was fixed at capture with the default max_splits.
@@ -375,6 +427,18 @@ TEST_CASE("cuda mla prefill attention matches double reference" * doctest::skip(
     add(512, 64, 64, 16, 1000);
     add(512, 64, 300, 4, 5);
     add(512, 64, 300, 1, 1000);
+    {  // q_pe not 16-byte aligned (scalar Q loads), pages of 48 rows (no shift)
+        AttnCase c;
+        c.kernel = MlaKernel::prefill;
+        c.T = 100;
+        c.H = 16;
+        c.n_past = 700;
+        c.nope = 5;
+        c.page_size = 48;
+        cases.push_back(c);
+        c.type = mgl::dtype::f32;
+        cases.push_back(c);
+    }
     // The f32 reference kernel on prefill shapes.
     for (auto [T, H, n_past] : {std::tuple{300, 4, 5}, std::tuple{64, 16, 1000}}) {
         AttnCase c;
@@ -422,6 +486,34 @@ TEST_CASE("cuda mla prefill attention: every tensor-core variant" * doctest::ski
         }
     }
     run_all("prefill variants", cases, 400);
+}
+
+// The kernels' division by H and by page_size (host side: the same formula in 64-bit).
+TEST_CASE("fast divisor matches integer division for 31-bit operands") {
+    std::mt19937_64 rng(7);
+    std::vector<int32_t> divisors;
+    for (int32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+    for (int32_t d : {1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 1, INT32_MAX - 1, INT32_MAX})
+        divisors.push_back(d);
+    for (int i = 0; i < 200; ++i) divisors.push_back(int32_t(1 + rng() % INT32_MAX));
+    int64_t wrong = 0;
+    for (int32_t d : divisors) {
+        const kernels::FastDivisor f(d);
+        auto check = [&](int32_t n) {
+            int32_t q, r;
+            f.divmod(n, q, r);
+            wrong += q != n / d || r != n % d;
+        };
+        for (int32_t n = 0; n < 20000; ++n) check(n);
+        for (int32_t k = 1; k < 64; ++k) {  // around multiples of d and the top of the range
+            const int64_t m = int64_t(d) * k;
+            for (int64_t n = m - 2; n <= m + 2; ++n)
+                if (n >= 0 && n <= INT32_MAX) check(int32_t(n));
+            check(INT32_MAX - k);
+        }
+        for (int i = 0; i < 2000; ++i) check(int32_t(rng() % (int64_t(INT32_MAX) + 1)));
+    }
+    CHECK_MESSAGE(wrong == 0, wrong, " wrong quotients or remainders");
 }
 
 TEST_CASE("cuda mla attention rejects bad parameters with a clear error") {
