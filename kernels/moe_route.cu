@@ -166,29 +166,27 @@ __global__ void weights_kernel(RouteArgs a) {
 // and the rank is a count of independent compares. Counting all E x E pairs costs E²/32 compares
 // per lane, so the count runs in two stages over 64-bit keys (value, then id, packed so that one
 // unsigned compare is the CPU's order):
-//   A. each lane takes its best alive expert and ranks it among the 32 lane bests. Every expert
-//      of the top k belongs to a lane whose best ranks below k (k lane bests ranked before a lane
-//      best also rank before all of that lane's experts), so those lanes' experts (at most
-//      min(k, 32) lanes x n_chunks) hold the top k.
-//   B. each of those candidates counts the candidates ranked before it: for a top-k expert every
-//      expert before it is a candidate, so the count is its rank; any other candidate has the
-//      whole top k before it and counts k or more.
+//   A. each lane takes its best alive expert and ranks it among the 32 lane bests. The k-th best
+//      lane best bounds the top k from below: k experts rank at or before it, so no expert ranked
+//      after it is in the top k. The candidates, the alive experts at or before it, all belong
+//      to the k lanes ranked below k: at most min(k, 32) x n_chunks of them, usually about k.
+//   B. each candidate counts the candidates ranked before it: for a top-k expert every expert
+//      before it is a candidate, so the count is its rank; any other candidate has the whole
+//      top k before it and counts k or more.
 // With one expert per lane (E <= 32) stage A is the whole ranking.
 
 constexpr int rank_max_chunks = 8;  // experts per lane: E <= 256
-constexpr int rank_max_slots = 64;  // stage B candidates: min(k, 32) x round_up(chunks, 2)
+constexpr int rank_max_slots = 64;  // stage B candidates: min(k, 32) x chunks
 
 // The CPU's order as one unsigned compare: key(a) > key(b) iff a ranks before b. The high word
 // maps the value's bits to an unsigned order (-0 as +0, so equal values tie exactly as with ==),
 // the low word is ~id (lower id first among equal values). A NaN, which the CPU's compares cannot
 // place, ranks after every number; 0 is "none" (not alive), after everything.
 __device__ __forceinline__ uint64_t rank_key(float v, int id) {
-    uint32_t b = __float_as_uint(v);
-    uint32_t order = 0;  // NaN
-    if ((b & 0x7fffffffu) <= 0x7f800000u) {
-        if (b == 0x80000000u) b = 0;
-        order = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    }
+    const uint32_t b = __float_as_uint(v) == 0x80000000u ? 0u : __float_as_uint(v);
+    const uint32_t order = (b & 0x7fffffffu) > 0x7f800000u ? 0u  // NaN
+                           : (b & 0x80000000u)             ? ~b
+                                                           : (b | 0x80000000u);
     return (uint64_t(order) << 32) | uint32_t(~id);
 }
 
@@ -211,7 +209,7 @@ template <int NB>
 struct RankScratch {   // one warp's
     float p[32 * NB];  // the probabilities (group-limited routing: group scores)
     alignas(16) uint64_t lane_best[32];
-    alignas(16) uint64_t slot[rank_max_slots];  // stage B candidates, NB_even per chosen lane
+    alignas(16) uint64_t slot[rank_max_slots];  // stage B candidates
     float slot_p[rank_max_slots];               // their probabilities
     float group_score[max_groups];
     float chosen_p[rank_max_slots];  // probability of the expert chosen j-th (k <= 64 here)
@@ -219,7 +217,6 @@ struct RankScratch {   // one warp's
 
 template <int NB>
 __global__ void __launch_bounds__(route_warps * 32) route_rank_kernel(RouteArgs a, bool softmax) {
-    constexpr int NB_even = (NB + 1) & ~1;  // stage B rows are whole 16-byte pairs of keys
     __shared__ RankScratch<NB> scratch[route_warps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = int64_t(blockIdx.x) * route_warps + warp;
@@ -279,7 +276,7 @@ __global__ void __launch_bounds__(route_warps * 32) route_rank_kernel(RouteArgs 
         int before = 0;
         for (int g = 0; g < a.n_group; ++g) {
             const float o = s.group_score[g];
-            before += int(o > score || (o == score && g < lane));
+            before += int(o > score) + int((o == score) & (g < lane));
         }
         kept_groups = __ballot_sync(full_mask, lane < a.n_group && before < a.topk_group);
     }
@@ -323,25 +320,34 @@ __global__ void __launch_bounds__(route_warps * 32) route_rank_kernel(RouteArgs 
     if constexpr (NB == 1) {
         if (chosen_lane) choose(lane_rank[0], best, best_p);
     } else {
-        // Stage B. Chosen lanes have the ranks 0 .. n_lanes - 1; lane r's experts fill row r.
-        const int n_lanes = __popc(__ballot_sync(full_mask, chosen_lane));
-        if (chosen_lane) {
+        // Stage B. The bound is the k-th best lane best when k lanes have alive experts (else
+        // every alive expert is a candidate); the candidates are packed by ballots.
+        const uint32_t last_lane = __ballot_sync(full_mask, chosen_lane && lane_rank[0] == a.k - 1);
+        const uint64_t kth = __shfl_sync(full_mask, best, last_lane ? __ffs(last_lane) - 1 : 0);
+        const uint64_t bound = last_lane ? kth : 1;
+        const uint32_t lanes_below = (1u << lane) - 1;
+        int n_cand = 0;
 #pragma unroll
-            for (int b = 0; b < NB_even; ++b) {
-                s.slot[lane_rank[0] * NB_even + b] = b < NB ? key[b] : 0;
-                s.slot_p[lane_rank[0] * NB_even + b] = b < NB ? v[b] : 0.0f;
+        for (int b = 0; b < NB; ++b) {
+            const bool cand = key[b] >= bound;
+            const uint32_t mask = __ballot_sync(full_mask, cand);
+            if (cand) {
+                const int at = n_cand + __popc(mask & lanes_below);
+                s.slot[at] = key[b];
+                s.slot_p[at] = v[b];
             }
+            n_cand += __popc(mask);
         }
+        if (lane == 0 && (n_cand & 1)) s.slot[n_cand] = 0;  // pairs of keys: pad the last
         __syncwarp();
-        // Candidates lane and lane + 32 (n_slots <= rank_max_slots: the launcher's condition).
-        const int n_slots = n_lanes * NB_even;
-        const uint64_t k0 = lane < n_slots ? s.slot[lane] : 0;
-        if (n_slots <= 32) {
+        const int n_slots = (n_cand + 1) & ~1;
+        const uint64_t k0 = lane < n_cand ? s.slot[lane] : 0;
+        if (n_cand <= 32) {
             int rank[1];
             count_before(s.slot, n_slots, {k0}, rank);
             if (k0 != 0 && rank[0] < a.k) choose(rank[0], k0, s.slot_p[lane]);
         } else {
-            const uint64_t k1 = lane + 32 < n_slots ? s.slot[lane + 32] : 0;
+            const uint64_t k1 = lane + 32 < n_cand ? s.slot[lane + 32] : 0;
             int rank[2];
             count_before(s.slot, n_slots, {k0, k1}, rank);
             if (k0 != 0 && rank[0] < a.k) choose(rank[0], k0, s.slot_p[lane]);
@@ -403,12 +409,11 @@ RouteArgs make_args(const MoeRoutingParams& p, const char* who) {
     return a;
 }
 
-// route_rank_kernel<chunks> for E <= 256 while its stage B fits (min(k, 32) lanes of
-// round_up(chunks, 2) candidates, at most rank_max_slots); 0: route_kernel.
+// route_rank_kernel<chunks> for E <= 256 while stage B's candidates fit (min(k, 32) x chunks
+// <= rank_max_slots, so at most two per lane); 0: route_kernel.
 int rank_chunks(const RouteArgs& a) {
     const int chunks = (a.n_experts + 31) / 32;
-    if (chunks > rank_max_chunks) return 0;
-    if (chunks > 1 && std::min(a.k, 32) * ((chunks + 1) & ~1) > rank_max_slots) return 0;
+    if (chunks > rank_max_chunks || std::min(a.k, 32) * chunks > rank_max_slots) return 0;
     return chunks;
 }
 

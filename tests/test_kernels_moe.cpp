@@ -153,12 +153,14 @@ void check_topk_and_weights(int64_t T, int64_t E, const mgl::moe_route_params& p
 }
 
 // Rows meant to catch a selection that is right only for distinct values.
-enum class RowKind { random, levels, all_equal, straddle, specials };
+enum class RowKind { random, levels, all_equal, straddle, specials, by_lane };
 
 // [T, E] values of one kind (probabilities for moe_topk, logits for moe_route): random, a few
 // levels (ties everywhere), all equal (all-zero logits), random with the k-th and (k+1)-th best
-// of each row made equal (a tie straddling the last place), or random with special values mixed
-// in (probabilities: -0 and +0, which tie, denormals, negatives; logits: -inf, -0, +0).
+// of each row made equal (a tie straddling the last place), random with special values mixed
+// in (probabilities: -0 and +0, which tie, denormals, negatives; logits: -inf, -0, +0), or
+// ordered by lane (expert e is held by lane e % 32), so that the best lanes' experts all rank
+// high: the most candidates the rank selection's second stage can have, (k - 1) x E/32 + 1.
 std::vector<float> rows_of(RowKind kind, int64_t T, int64_t E, int k, bool logits, uint64_t seed) {
     Rng rng(seed);
     std::vector<float> v(size_t(T * E));
@@ -182,6 +184,9 @@ std::vector<float> rows_of(RowKind kind, int64_t T, int64_t E, int k, bool logit
                     row[e] = !special ? u : logits ? logit[rng.below(3)] : prob[rng.below(6)];
                     break;
                 }
+                case RowKind::by_lane:  // distinct, decreasing with the lane, then the chunk
+                    row[e] = float((32 - e % 32) * 8 - e / 32) / (logits ? 64.0f : 512.0f);
+                    break;
                 default:
                     row[e] = u;
             }
@@ -278,14 +283,15 @@ TEST_CASE("cuda routing: decode and prefill shapes, ties at the last place, odd 
         {255, greedy(8)},                //
         {64, greedy(32)},                // the second stage at its 64 candidates
         {64, greedy(64, true)},          // k == E
-        {96, greedy(12)},                // 12 x 4 candidates: the second stage, two per lane
-        {160, greedy(13)},               // 13 x 6 > 64 candidates: the greedy rounds
+        {96, greedy(12)},                // by_lane: 34 candidates, two for some lanes
+        {160, greedy(12, true)},         // by_lane: 56 candidates
+        {160, greedy(13)},               // 13 x 5 > 64 candidates: the greedy rounds
         {256, greedy(16)},               // the greedy rounds
         {300, greedy(6, true)},          // the greedy rounds, E not a multiple of 32
         {1024, grouped(8, 32, 4, true)}  // the greedy rounds at the largest E
     };
-    const RowKind kinds[] = {RowKind::random, RowKind::levels, RowKind::all_equal,
-                             RowKind::straddle, RowKind::specials};
+    const RowKind kinds[] = {RowKind::random,   RowKind::levels,   RowKind::all_equal,
+                             RowKind::straddle, RowKind::specials, RowKind::by_lane};
     uint64_t seed = 900;
     for (const Cfg& c : cfgs) {
         for (const int64_t T : {int64_t(1), int64_t(512)}) {
