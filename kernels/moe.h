@@ -71,7 +71,9 @@ struct MoeRoutingParams {
     mgl::moe_route_params route;    // k, method, n_group, topk_group, norm_topk_prob, scaling
 };
 
-// probs -> ids. Identical ids to mgl's CPU moe_topk on the same probs, ties included.
+// probs -> ids. Identical ids to mgl's CPU moe_topk on the same probs, ties included (-0 ties
+// with +0). A NaN, which the CPU's compares cannot place: up to 256 experts it ranks after every
+// number (NaNs among themselves by id); beyond, its place is unspecified.
 void moe_topk(const MoeRoutingParams& p, cudaStream_t stream);
 // probs, ids -> weights. Bit-identical to mgl's CPU moe_weights (same f32/f64 arithmetic).
 void moe_weights(const MoeRoutingParams& p, cudaStream_t stream);

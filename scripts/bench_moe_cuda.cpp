@@ -1,5 +1,5 @@
 // GPU MoE benchmark, V2-Lite shapes (E 64, top-6, D 2048, n_ff 1408, shared expert 2816 BF16):
-//   routing: moe_route for 1 and 512 tokens;
+//   routing: moe_route for 1 and 512 tokens, greedy (V2-Lite) and group-limited 8/3;
 //   decode (T = 1, also 2/4/8): moe_experts' fused decode path, FP8 and BF16 experts, sweeping the
 //     kernel configurations; µs per call eager (CUDA events around each call) and inside a CUDA
 //     graph (20 calls per graph, as a decode step replays them), GB/s of weight bytes against the
@@ -244,25 +244,40 @@ int main() {
         std::vector<std::string> summary;
 
         // ---- routing ----
-        std::printf("\n## routing (moe_route: softmax + top-6 of 64, group-limited 8/3)\n\n");
-        std::printf("| tokens | eager us | in graph us |\n|---|---|---|\n");
-        for (int64_t T : {1, 512}) {
-            MoeRoutingParams r;
-            r.logits = logits;
-            r.ids = r_ids;
-            r.weights = r_w;
-            r.n_tokens = T;
-            r.n_experts = E;
-            r.route.k = int(K);
-            r.route.method = mgl::topk_method::group_limited_greedy;
-            r.route.n_group = 8;
-            r.route.topk_group = 3;
-            const Timing t = time_calls([&](int) { moe_route(r, stream); }, stream, 50, true);
-            std::printf("| %ld | %.1f | %.2f |\n", long(T), t.eager_us, t.graph_us);
-            char line[128];
-            std::snprintf(line, sizeof line, "routing T=%ld: %.2f us in a graph", long(T),
-                          t.graph_us);
-            summary.push_back(line);
+        // Random logits (all-equal ones would time the all-ties case only). V2-Lite routes
+        // greedily; group-limited 8/3 is V2's rule on V2-Lite's shapes.
+        {
+            std::mt19937 gen(5);
+            std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+            std::vector<float> l(size_t(2048 * E));
+            for (auto& v : l) v = dist(gen);
+            CUDA_CHECK(cudaMemcpy(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice));
+        }
+        std::printf("\n## routing (moe_route: softmax + top-6 of 64, random logits)\n\n");
+        std::printf("| method | tokens | eager us | in graph us |\n|---|---|---|---|\n");
+        for (const bool grouped : {false, true}) {
+            for (int64_t T : {1, 512}) {
+                MoeRoutingParams r;
+                r.logits = logits;
+                r.ids = r_ids;
+                r.weights = r_w;
+                r.n_tokens = T;
+                r.n_experts = E;
+                r.route.k = int(K);
+                if (grouped) {
+                    r.route.method = mgl::topk_method::group_limited_greedy;
+                    r.route.n_group = 8;
+                    r.route.topk_group = 3;
+                }
+                const char* method = grouped ? "group-limited 8/3" : "greedy";
+                const Timing t = time_calls([&](int) { moe_route(r, stream); }, stream, 50, true);
+                std::printf("| %s | %ld | %.1f | %.2f |\n", method, long(T), t.eager_us,
+                            t.graph_us);
+                char line[128];
+                std::snprintf(line, sizeof line, "routing %s T=%ld: %.2f us in a graph", method,
+                              long(T), t.graph_us);
+                summary.push_back(line);
+            }
         }
 
         // ---- decode ----

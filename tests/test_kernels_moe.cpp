@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -117,6 +119,27 @@ mgl::moe_route_params grouped(int k, int n_group, int topk_group, bool norm = fa
     return p;
 }
 
+// GPU ids and weights (moe_topk, moe_weights) from probs against the CPU ops on the same probs,
+// bit for bit.
+void check_rows(const std::vector<float>& probs, int64_t T, int64_t E,
+                const mgl::moe_route_params& p, int64_t stride = 0) {
+    const auto gpu = run_gpu(probs, T, E, stride ? stride : E, p, false);
+    check_equal(gpu.ids, cpu_topk(probs, T, E, p), "ids");
+    check_equal(gpu.weights, cpu_weights(probs, gpu.ids, T, E, p), "weights");
+}
+
+// moe_route from logits: its probs near the CPU softmax, its ids and weights equal, bit for bit,
+// to the CPU ops applied to the probs it wrote.
+void check_route_rows(const std::vector<float>& logits, int64_t T, int64_t E,
+                      const mgl::moe_route_params& p, int64_t stride = 0) {
+    const auto gpu = run_gpu(logits, T, E, stride ? stride : E, p, true);
+    const auto want = cpu_softmax(logits, T, E);
+    std::vector<double> want_d(want.begin(), want.end());
+    CHECK(test::relative_l2(gpu.probs, want_d) < 1e-6);
+    check_equal(gpu.ids, cpu_topk(gpu.probs, T, E, p), "ids");
+    check_equal(gpu.weights, cpu_weights(gpu.probs, gpu.ids, T, E, p), "weights");
+}
+
 // GPU ids and weights from probs against the CPU ops on the same probs (bit for bit).
 void check_topk_and_weights(int64_t T, int64_t E, const mgl::moe_route_params& p, bool ties,
                             uint64_t seed, int64_t stride = 0) {
@@ -126,10 +149,57 @@ void check_topk_and_weights(int64_t T, int64_t E, const mgl::moe_route_params& p
     CAPTURE(p.n_group);
     CAPTURE(p.topk_group);
     CAPTURE(p.norm_topk_prob);
-    const auto probs = random_probs(T, E, ties, seed);
-    const auto gpu = run_gpu(probs, T, E, stride ? stride : E, p, false);
-    check_equal(gpu.ids, cpu_topk(probs, T, E, p), "ids");
-    check_equal(gpu.weights, cpu_weights(probs, gpu.ids, T, E, p), "weights");
+    check_rows(random_probs(T, E, ties, seed), T, E, p, stride);
+}
+
+// Rows meant to catch a selection that is right only for distinct values.
+enum class RowKind { random, levels, all_equal, straddle, specials, by_lane };
+
+// [T, E] values of one kind (probabilities for moe_topk, logits for moe_route): random, a few
+// levels (ties everywhere), all equal (all-zero logits), random with the k-th and (k+1)-th best
+// of each row made equal (a tie straddling the last place), random with special values mixed
+// in (probabilities: -0 and +0, which tie, denormals, negatives; logits: -inf, -0, +0), or
+// ordered by lane (expert e is held by lane e % 32), so that the best lanes' experts all rank
+// high: the most candidates the rank selection's second stage can have, (k - 1) x E/32 + 1.
+std::vector<float> rows_of(RowKind kind, int64_t T, int64_t E, int k, bool logits, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<float> v(size_t(T * E));
+    for (int64_t t = 0; t < T; ++t) {
+        float* row = &v[size_t(t * E)];
+        for (int64_t e = 0; e < E; ++e) {
+            const float u = logits ? rng.uniform(-4.0f, 4.0f) : rng.uniform(0.0f, 1.0f);
+            switch (kind) {
+                case RowKind::levels:
+                    row[e] = float(1 + rng.below(4)) / (logits ? 1.0f : 64.0f);
+                    break;
+                case RowKind::all_equal:
+                    row[e] = logits ? 0.0f : 0.25f;
+                    break;
+                case RowKind::specials: {
+                    // On even places only, so that every row keeps enough ordinary values for
+                    // a positive weight sum (a 0 / 0 NaN's bits differ between CPU and GPU).
+                    const float prob[] = {0.0f, -0.0f, 0x1p-140f, 0x1p-149f, -0x1p-149f, -0.5f};
+                    const float logit[] = {-INFINITY, 0.0f, -0.0f};
+                    const bool special = e % 2 == 0 && rng.below(2);
+                    row[e] = !special ? u : logits ? logit[rng.below(3)] : prob[rng.below(6)];
+                    break;
+                }
+                case RowKind::by_lane:  // distinct, decreasing with the lane, then the chunk
+                    row[e] = float((32 - e % 32) * 8 - e / 32) / (logits ? 64.0f : 512.0f);
+                    break;
+                default:
+                    row[e] = u;
+            }
+        }
+        if (kind == RowKind::straddle && k < E) {
+            std::vector<int32_t> order(static_cast<size_t>(E));
+            for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+            std::sort(order.begin(), order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+            row[order[size_t(k)]] = row[order[size_t(k - 1)]];
+        }
+    }
+    return v;
 }
 
 }  // namespace
@@ -183,14 +253,84 @@ TEST_CASE("cuda moe_route: softmax, top-k and weights in one launch" * doctest::
             Rng rng(++seed);
             std::vector<float> logits(size_t(T * c.E));
             for (auto& v : logits) v = ties ? float(rng.below(3)) : rng.uniform(-4.0f, 4.0f);
-            const auto gpu = run_gpu(logits, T, c.E, c.E + 3, c.p, true);
-            const auto want = cpu_softmax(logits, T, c.E);
-            std::vector<double> want_d(want.begin(), want.end());
-            CHECK(test::relative_l2(gpu.probs, want_d) < 1e-6);
-            // The decisions equal the CPU rule applied to the probabilities this launch produced.
-            check_equal(gpu.ids, cpu_topk(gpu.probs, T, c.E, c.p), "ids");
-            check_equal(gpu.weights, cpu_weights(gpu.probs, gpu.ids, T, c.E, c.p), "weights");
+            check_route_rows(logits, T, c.E, c.p, c.E + 3);
         }
+}
+
+TEST_CASE("cuda routing: decode and prefill shapes, ties at the last place, odd expert counts" *
+          doctest::skip(no_gpu)) {
+    // Up to 256 experts the selection ranks each expert directly (route_rank_kernel), with one to
+    // eight experts per lane and a second stage whose size depends on k; beyond, or when that
+    // stage would exceed 64 candidates, the greedy rounds (route_kernel). Both must equal the CPU.
+    struct Cfg {
+        int64_t E;
+        mgl::moe_route_params p;
+    };
+    const Cfg cfgs[] = {
+        {64, greedy(6)},                 // V2-Lite
+        {64, grouped(6, 8, 3)},          // V2-Lite shapes, group-limited
+        {160, grouped(6, 8, 3)},         // V2
+        {256, grouped(8, 8, 4, true)},   // V3 shapes (softmax scoring)
+        {256, greedy(8, true)},          //
+        {64, grouped(6, 8, 3, true)},    //
+        {7, greedy(3, true)},            // fewer experts than lanes
+        {32, greedy(32, true)},          // k == E, one expert per lane
+        {33, greedy(6)},                 // E not a multiple of 32
+        {40, grouped(6, 8, 3)},          // groups of 5
+        {72, grouped(4, 9, 2, true)},    // 9 groups of 8
+        {100, greedy(6, true)},          //
+        {200, grouped(6, 8, 3, true)},   // groups of 25
+        {255, greedy(8)},                //
+        {64, greedy(32)},                // the second stage at its 64 candidates
+        {64, greedy(64, true)},          // k == E
+        {96, greedy(12)},                // by_lane: 34 candidates, two for some lanes
+        {160, greedy(12, true)},         // by_lane: 56 candidates
+        {160, greedy(13)},               // 13 x 5 > 64 candidates: the greedy rounds
+        {256, greedy(16)},               // the greedy rounds
+        {300, greedy(6, true)},          // the greedy rounds, E not a multiple of 32
+        {1024, grouped(8, 32, 4, true)}  // the greedy rounds at the largest E
+    };
+    const RowKind kinds[] = {RowKind::random,   RowKind::levels,   RowKind::all_equal,
+                             RowKind::straddle, RowKind::specials, RowKind::by_lane};
+    uint64_t seed = 900;
+    for (const Cfg& c : cfgs) {
+        for (const int64_t T : {int64_t(1), int64_t(512)}) {
+            if (c.E == 1024 && T == 512) continue;  // the CPU reference's time, nothing new
+            for (const RowKind kind : kinds) {
+                CAPTURE(c.E);
+                CAPTURE(c.p.k);
+                CAPTURE(int(c.p.method));
+                CAPTURE(c.p.norm_topk_prob);
+                CAPTURE(T);
+                CAPTURE(int(kind));
+                check_rows(rows_of(kind, T, c.E, c.p.k, false, ++seed), T, c.E, c.p);
+                check_route_rows(rows_of(kind, T, c.E, c.p.k, true, ++seed), T, c.E, c.p);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda moe_topk: up to 256 experts a NaN probability ranks after every number" *
+          doctest::skip(no_gpu)) {
+    // The CPU's compares cannot place a NaN; the GPU puts NaNs last, among themselves by id, so
+    // the ids are still k distinct experts.
+    for (const auto& p : {greedy(6), grouped(6, 8, 3)}) {
+        CAPTURE(int(p.method));
+        const int64_t T = 64, E = 64;
+        Rng rng(77);
+        std::vector<float> probs(size_t(T * E)), as_low(probs.size());
+        for (int64_t t = 0; t < T; ++t) {
+            const int n_nan = int(t);  // 0 .. 63 NaNs in row t
+            for (int64_t e = 0; e < E; ++e) {
+                const size_t i = size_t(t * E + e);
+                const bool nan = rng.below(int(E)) < n_nan;
+                probs[i] = nan ? NAN : rng.uniform(0.0f, 1.0f);
+                as_low[i] = nan ? -1.0f : probs[i];  // below every probability
+            }
+        }
+        const auto gpu = run_gpu(probs, T, E, E, p, false);
+        check_equal(gpu.ids, cpu_topk(as_low, T, E, p), "ids");
+    }
 }
 
 TEST_CASE("cuda moe launchers reject bad parameters before touching the device") {
