@@ -340,6 +340,7 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     a.H = int32_t(p.H);
     a.head_div = FastDivisor(a.H);
     a.scale_log2 = p.scale * 1.4426950408889634f;
+    a.pdl = p.pdl;
     a.min_keys =
         p.min_keys_per_split > 0 ? p.min_keys_per_split : (kernel == MlaKernel::decode ? 64 : 512);
     if (need > 0) {

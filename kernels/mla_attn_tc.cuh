@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "mla_internal.cuh"
 
 namespace minids::kernels::mla_detail {
@@ -237,6 +238,7 @@ __device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, in
 
 template <class S, typename PageT>
 __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnArgs a) {
+    pdl_enter();
     constexpr int ROWS = S::rows, KT = S::KT, WN = S::WN, MT = S::MT;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int n_keys_slot;
@@ -501,8 +503,7 @@ void launch_tc_instance(const AttnArgs& a, int max_splits, cudaStream_t stream) 
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int64_t rows = int64_t(a.T) * a.H;
     dim3 grid(unsigned((rows + S::rows - 1) / S::rows), unsigned(max_splits));
-    kernel<<<grid, S::threads, smem, stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    launch_maybe_dependent(kernel, grid, dim3(S::threads), smem, stream, a.pdl, a);
 }
 
 }  // namespace minids::kernels::mla_detail

@@ -66,6 +66,7 @@ struct AttnArgs {
     int32_t* ws_n_split;
     float* ws_lse;  // [max_splits][T·H]
     float* ws_o;    // [max_splits][T·H][r]
+    bool pdl;       // host side: launch the attention kernel dependent (dependent_launch.cuh)
 };
 
 // cache_row for the attention kernels: 32-bit (a cache row index is < n_pages · page_size <=

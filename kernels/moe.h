@@ -69,6 +69,7 @@ struct MoeRoutingParams {
     int64_t n_tokens = 0;           // T
     int64_t n_experts = 0;          // E
     mgl::moe_route_params route;    // k, method, n_group, topk_group, norm_topk_prob, scaling
+    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
 };
 
 // probs -> ids. Identical ids to mgl's CPU moe_topk on the same probs, ties included (-0 ties

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dependent_launch.cuh"
 #include "moe_common.cuh"
 
 namespace minids::kernels {
@@ -113,6 +114,7 @@ __device__ void token_weights(const float* p, const int32_t* ids, const RouteArg
 }
 
 __global__ void __launch_bounds__(route_warps * 32) route_kernel(RouteArgs a, bool softmax) {
+    pdl_enter();
     extern __shared__ float smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = int64_t(blockIdx.x) * route_warps + warp;
@@ -217,6 +219,7 @@ struct RankScratch {   // one warp's
 
 template <int NB>
 __global__ void __launch_bounds__(route_warps * 32) route_rank_kernel(RouteArgs a, bool softmax) {
+    pdl_enter();
     __shared__ RankScratch<NB> scratch[route_warps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = int64_t(blockIdx.x) * route_warps + warp;
@@ -417,7 +420,7 @@ int rank_chunks(const RouteArgs& a) {
     return chunks;
 }
 
-void launch_route(const RouteArgs& a, bool softmax, cudaStream_t stream) {
+void launch_route(const RouteArgs& a, bool softmax, bool pdl, cudaStream_t stream) {
     if (a.n_tokens == 0) return;
     using Kernel = void (*)(RouteArgs, bool);
     static constexpr Kernel rank_kernels[rank_max_chunks] = {
@@ -425,12 +428,13 @@ void launch_route(const RouteArgs& a, bool softmax, cudaStream_t stream) {
         route_rank_kernel<5>, route_rank_kernel<6>, route_rank_kernel<7>, route_rank_kernel<8>};
     const unsigned blocks = unsigned((a.n_tokens + route_warps - 1) / route_warps);
     if (const int chunks = rank_chunks(a)) {
-        rank_kernels[chunks - 1]<<<blocks, route_warps * 32, 0, stream>>>(a, softmax);
+        launch_maybe_dependent(rank_kernels[chunks - 1], dim3(blocks), dim3(route_warps * 32), 0,
+                               stream, pdl, a, softmax);
     } else {
         const size_t smem = size_t(route_warps) * size_t(a.n_experts) * sizeof(float);
-        route_kernel<<<blocks, route_warps * 32, smem, stream>>>(a, softmax);
+        launch_maybe_dependent(route_kernel, dim3(blocks), dim3(route_warps * 32), smem, stream,
+                               pdl, a, softmax);
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -438,7 +442,7 @@ void launch_route(const RouteArgs& a, bool softmax, cudaStream_t stream) {
 void moe_topk(const MoeRoutingParams& p, cudaStream_t stream) {
     const RouteArgs a = make_args(p, "moe_topk");
     if (!p.probs || !p.ids) moe_fail("moe_topk: probs and ids are required");
-    launch_route(a, false, stream);
+    launch_route(a, false, p.pdl, stream);
 }
 
 void moe_weights(const MoeRoutingParams& p, cudaStream_t stream) {
@@ -454,7 +458,7 @@ void moe_route(const MoeRoutingParams& p, cudaStream_t stream) {
     const RouteArgs a = make_args(p, "moe_route");
     if (!p.logits || !p.ids || !p.weights)
         moe_fail("moe_route: logits, ids and weights are required");
-    launch_route(a, true, stream);
+    launch_route(a, true, p.pdl, stream);
 }
 
 }  // namespace minids::kernels

@@ -333,7 +333,11 @@ launch_step route_step(const route_group& g) {
     p.weights = f32_data(g.weights);
     set_topk(p, *g.topk);
     set_weighting(p, *g.weights);
-    return {"moe_route", g.weights, [p](const exec_env& env) { kn::moe_route(p, env.stream); }};
+    return {"moe_route", g.weights, [p](const exec_env& env) {
+                kn::MoeRoutingParams q = p;
+                q.pdl = env.pdl;
+                kn::moe_route(q, env.stream);
+            }};
 }
 
 launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
