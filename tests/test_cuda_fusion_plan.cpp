@@ -119,9 +119,8 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
         const auto outs = decoder_layer(s, T, dtype::bf16, dtype::f8_e4m3, io);
         mgl::graph g = mgl::build_graph(s.ctx, std::span<mgl::tensor* const>(outs));
         const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, mgl::cuda_fusions{});
-        // Two norms read by matmuls only, up to 16 rows; the FFN norm (router and experts) up to
-        // the MoE decode path's 8 rows.
-        CHECK(f.n_norm == (T <= 16 ? 2 : 0) + (T <= 8 ? 1 : 0));
+        // Two norms read by matmuls only, up to 16 rows.
+        CHECK(f.n_norm == (T <= 16 ? 2 : 0));
         CHECK(f.n_residual == 2);
         CHECK(f.n_route == 1);
         CHECK(f.n_mla_prep == 1);
@@ -137,10 +136,13 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
         const mgl::cuda::fusion_plan none =
             mgl::cuda::plan_fusions(g, mgl::cuda_fusions{false, false, false, false, false});
         CHECK(none.skipped.empty());
-        // Without norm_moe the FFN norm stays a launch of its own.
-        mgl::cuda_fusions no_moe_norm;
-        no_moe_norm.norm_moe = false;
-        CHECK(mgl::cuda::plan_fusions(g, no_moe_norm).n_norm == (T <= 16 ? 2 : 0));
+        // With norm_moe (off by default) the FFN norm (router and experts) is folded too while
+        // the experts take the decode path (up to 8 rows); still no memory hazard.
+        mgl::cuda_fusions moe_norm;
+        moe_norm.norm_moe = true;
+        const mgl::cuda::fusion_plan fm = mgl::cuda::plan_fusions(g, moe_norm);
+        CHECK(fm.n_norm == (T <= 16 ? 2 : 0) + (T <= 8 ? 1 : 0));
+        CHECK(simulate(g, fused_steps(g, fm), mgl::plan_allocation(g, 256, fm.also_reads)) == 0);
         CHECK(simulate(g, fused_steps(g, none), mgl::plan_allocation(g, 256)) == 0);
     }
 }
@@ -187,13 +189,17 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
         // Every layer: the attention output and the FFN output are residual epilogues, the MLA
         // prologue is one mla_prep; every MoE layer routes in one launch. Norms: each layer's
         // input norm (read only by the q and kv projections), the dense layers' FFN norm (gate
-        // and up), the output norm (of the last position only, so at any T); the MoE layers'
-        // FFN norm (router and experts) while the experts take the decode path (T <= 8).
+        // and up), the output norm (of the last position only, so at any T); with norm_moe also
+        // the MoE layers' FFN norm (router and experts) while the experts take the decode path.
         CHECK(f.n_residual == 2 * n_layer);
         CHECK(f.n_mla_prep == n_layer);
         CHECK(f.n_route == n_moe);
-        CHECK(f.n_norm ==
-              (T <= 16 ? n_layer + (n_layer - n_moe) : 0) + (T <= 8 ? n_moe : 0) + 1);
+        CHECK(f.n_norm == (T <= 16 ? n_layer + (n_layer - n_moe) : 0) + 1);
+        mgl::cuda_fusions moe_norm;
+        moe_norm.norm_moe = true;
+        const mgl::cuda::fusion_plan fm = mgl::cuda::plan_fusions(g, moe_norm);
+        CHECK(fm.n_norm == f.n_norm + (T <= 8 ? n_moe : 0));
+        CHECK(simulate(g, fused_steps(g, fm), mgl::plan_allocation(g, 256, fm.also_reads)) == 0);
         CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
     }
 }

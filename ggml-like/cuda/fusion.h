@@ -3,7 +3,8 @@
 //
 //   norm      rms_norm -> matmul: the matmul normalizes its rows itself (its RMSNorm prologue),
 //             when every consumer of the norm is a matmul of at most 16 rows taking it as x,
-//             or (norm_moe) a moe_experts of at most 8 rows, whose decode path folds it too.
+//             or (norm_moe, off by default: measured slower) a moe_experts of at most 8 rows,
+//             whose decode path folds it too.
 //   residual  matmul -> add, moe_experts -> add: the product is added to the other operand as it
 //             is written (the residual epilogue), when the add is the product's only consumer.
 //   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
