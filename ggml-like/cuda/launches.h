@@ -26,7 +26,7 @@ struct exec_env {
     void* scratch = nullptr;  // 256-byte aligned; MLA splits, MoE activations, staged inputs
     size_t scratch_bytes = 0;
     device_error* error = nullptr;  // device address of the backend's error record
-    bool pdl = false;  // programmatic dependent launch of the kernels that take it
+    bool pdl = false;               // programmatic dependent launch of the kernels that take it
 };
 
 struct launch_step {
