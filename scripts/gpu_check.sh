@@ -45,7 +45,9 @@ elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader \
     > "$OUT/gpu.txt" 2>&1
-say "gpu: $(head -1 "$OUT/gpu.txt")  commit: $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+# The binaries say which commit they were built from (they may come from another machine; the
+# tree's own git state, when it has one, is printed beside it).
+say "gpu: $(head -1 "$OUT/gpu.txt")  binaries: $("$BIN/minids" --version 2>/dev/null || echo ?)  tree: $(git describe --always --dirty 2>/dev/null || echo ?)"
 
 # 1. GPU test cases (and with --all-tests the whole suite, CPU tests included).
 timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' -tce='cuda expert offload*' > "$OUT/tests_cuda.log" 2>&1

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "build_commit.h"  // generated: MINIDS_BUILD_COMMIT
 #include "cli/commands.h"
 #include "util/output_file.h"
 
@@ -14,7 +15,8 @@ int main(int argc, char** argv) {
     minids::install_output_cleanup_handlers();
     CLI::App app{"minids: DeepSeek-V2-family models (MLA + fine-grained MoE) on one GPU or the CPU",
                  "minids"};
-    app.set_version_flag("--version", std::string("minids ") + MINIDS_VERSION);
+    app.set_version_flag("--version", std::string("minids ") + MINIDS_VERSION + " (commit " +
+                                          MINIDS_BUILD_COMMIT + ")");
     app.require_subcommand(1);
     int exit_code = minids::cli::exit_ok;
     minids::cli::add_run_command(app, exit_code);
