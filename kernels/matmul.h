@@ -95,8 +95,9 @@ struct MatmulParams {
 
     // Overrides for tests and benchmarks; leave as is in production code.
     MatmulPath path = MatmulPath::automatic;
-    int gemv_config = -1;  // index into the gemv kernel configurations (-1: chosen by shape)
-    int gemv_split = 0;    // split-K factor of the gemv path (0: chosen by shape)
+    int gemv_config = -1;    // index into the gemv kernel configurations (-1: chosen by shape)
+    int gemv_split = 0;      // split-K factor of the gemv path (0: chosen by shape)
+    int stream_config = -1;  // stream path, M = 1: a benchmark shape (matmul_stream_config_*)
 };
 
 // Packed strides for contiguous x [B, M, K], W [B, N, K] (or [N, K] when w_shared), y [B, M, N].
@@ -130,5 +131,8 @@ std::string matmul_describe(const MatmulParams& p);
 // The gemv kernel configurations the benchmark sweeps.
 int matmul_gemv_config_count();
 std::string matmul_gemv_config_name(int config);
+// The stream kernel's shapes the benchmark sweeps (0 is the default plan; the others need M = 1).
+int matmul_stream_config_count();
+std::string matmul_stream_config_name(int config);
 
 }  // namespace minids::kernels

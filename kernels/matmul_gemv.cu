@@ -549,6 +549,8 @@ std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan) {
 namespace minids::kernels {
 
 int matmul_gemv_config_count() { return detail::n_configs; }
+int matmul_stream_config_count() { return detail::stream_config_count(); }
+std::string matmul_stream_config_name(int config) { return detail::stream_config_name(config); }
 
 std::string matmul_gemv_config_name(int config) {
     MGL_CHECK(config >= 0 && config < detail::n_configs, "matmul: gemv config out of range");

@@ -37,6 +37,8 @@ std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan);
 constexpr int64_t stream_gemv_max_m = 8;
 bool stream_gemv_ok(const MatmulParams& p);
 int stream_rows_per_warp(const MatmulParams& p);
+int stream_config_count();
+std::string stream_config_name(int config);
 void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream);
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }

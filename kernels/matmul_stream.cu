@@ -8,6 +8,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdio>
+#include <string>
+
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
 #include "matmul_internal.h"
@@ -16,8 +19,8 @@ namespace minids::kernels::detail {
 
 namespace {
 
-constexpr int kWarps = 8;   // warps per block
-constexpr int kUnroll = 8;  // 16-byte loads per lane per row in flight
+constexpr int kWarps = 8;   // warps per block (default configuration)
+constexpr int kUnroll = 8;  // 16-byte loads per lane per row in flight (default configuration)
 
 struct StreamArgs {
     const uint8_t* w;
@@ -104,12 +107,12 @@ __device__ __forceinline__ void load_norm_w(const StreamArgs& a, int k0, float* 
     }
 }
 
-template <bool FP8, int R, int M>
-__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) {
+template <bool FP8, int R, int M, int WARPS = kWarps, int UNROLL = kUnroll>
+__global__ void __launch_bounds__(WARPS * 32) gemv_stream_kernel(StreamArgs a) {
     constexpr int E = FP8 ? 16 : 8;  // weights per chunk
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int b = blockIdx.y;
-    const int row0 = (blockIdx.x * kWarps + warp) * R;
+    const int row0 = (blockIdx.x * WARPS + warp) * R;
     const uint8_t* wb = a.w + b * a.w_batch_stride;
     const float* xb = a.x + b * a.x_batch_stride;
 
@@ -124,14 +127,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
         for (int r = 0; r < R; ++r) acc[r][m] = 0.0f;
     }
 
-    uint4 wv[R][kUnroll];
+    uint4 wv[R][UNROLL];
     auto load = [&](int c0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
             const uint8_t* wr = wb + int64_t(row) * a.w_row_stride;
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
+            for (int u = 0; u < UNROLL; ++u) {
                 const int c = c0 + u * 32 + lane;
                 wv[r][u] = (row < a.n && c < a.chunks) ? ld_weights(wr + int64_t(c) * 16)
                                                        : make_uint4(0, 0, 0, 0);
@@ -143,10 +146,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(StreamArgs a) 
     pdl_launch_dependents();
     load(0);
     pdl_wait();
-    for (int c0 = 0; c0 < a.chunks; c0 += 32 * kUnroll) {
+    for (int c0 = 0; c0 < a.chunks; c0 += 32 * UNROLL) {
         if (c0 > 0) load(c0);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * 32 + lane;
             if (c >= a.chunks) break;
             float nw[E];
@@ -215,7 +218,47 @@ void launch_r(const StreamArgs& a, int batch, bool pdl, cudaStream_t stream) {
     launch_maybe_dependent(kernel, grid, block, 0, stream, pdl, a);
 }
 
+// Benchmark configurations (MatmulParams::stream_config, M = 1 only): warps per block, 16-byte
+// loads per lane and row in flight, rows per warp. Index 0 is the default plan (launch_r with
+// the rows chosen by stream_rows_per_warp). The rest exist so that bench_matvec_cuda can find
+// a better shape for the model's small products on the GPU in one run.
+struct StreamConfig {
+    int warps, unroll, rows;
+    void (*launch_bf16)(const StreamArgs&, int, bool, cudaStream_t);
+    void (*launch_f8)(const StreamArgs&, int, bool, cudaStream_t);
+};
+
+template <bool FP8, int W, int U, int R>
+void launch_config(const StreamArgs& a, int batch, bool pdl, cudaStream_t stream) {
+    const dim3 grid(unsigned((a.n + W * R - 1) / (W * R)), unsigned(batch));
+    launch_maybe_dependent(gemv_stream_kernel<FP8, R, 1, W, U>, grid, dim3(W * 32), 0, stream, pdl,
+                           a);
+}
+
+#define MINIDS_STREAM_CONFIG(W, U, R) \
+    { W, U, R, launch_config<false, W, U, R>, launch_config<true, W, U, R> }
+const StreamConfig stream_configs[] = {
+    {8, 8, 0, nullptr, nullptr},  // the default plan
+    MINIDS_STREAM_CONFIG(4, 8, 1),  MINIDS_STREAM_CONFIG(16, 8, 1), MINIDS_STREAM_CONFIG(8, 4, 1),
+    MINIDS_STREAM_CONFIG(8, 16, 1), MINIDS_STREAM_CONFIG(4, 16, 1), MINIDS_STREAM_CONFIG(4, 4, 1),
+    MINIDS_STREAM_CONFIG(8, 8, 2),  MINIDS_STREAM_CONFIG(4, 8, 2),  MINIDS_STREAM_CONFIG(8, 4, 2),
+    MINIDS_STREAM_CONFIG(4, 4, 2),  MINIDS_STREAM_CONFIG(4, 4, 4),  MINIDS_STREAM_CONFIG(8, 4, 4),
+};
+#undef MINIDS_STREAM_CONFIG
+constexpr int n_stream_configs = int(sizeof(stream_configs) / sizeof(stream_configs[0]));
+
 }  // namespace
+
+int stream_config_count() { return n_stream_configs; }
+
+std::string stream_config_name(int config) {
+    if (config < 0 || config >= n_stream_configs) return "?";
+    const StreamConfig& c = stream_configs[config];
+    if (c.rows == 0) return "default";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "w%d u%d r%d", c.warps, c.unroll, c.rows);
+    return buf;
+}
 
 bool stream_gemv_ok(const MatmulParams& p) {
     if (p.w_type != mgl::dtype::bf16 && p.w_type != mgl::dtype::f8_e4m3) return false;
@@ -284,6 +327,15 @@ void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
     a.k = int(p.k);
     a.chunks = int(p.k * int64_t(mgl::dtype_size(p.w_type)) / 16);
     const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
+    if (p.stream_config > 0) {
+        if (p.stream_config >= n_stream_configs || p.m != 1)
+            ::mgl::fail(__FILE__, __LINE__,
+                        "matmul: stream_config " + std::to_string(p.stream_config) +
+                            " needs M = 1 and an index below " + std::to_string(n_stream_configs));
+        const StreamConfig& c = stream_configs[p.stream_config];
+        (fp8 ? c.launch_f8 : c.launch_bf16)(a, int(p.batch), p.pdl, stream);
+        return;
+    }
     const int r = stream_rows_per_warp(p);
     if (fp8) {
         r == 2 ? launch_r<true, 2>(a, int(p.batch), p.pdl, stream)

@@ -11,7 +11,9 @@
 // Bandwidth: device-to-device copy (bytes read + written) and a read-only kernel (16-byte loads).
 // Every kernel variant's output is compared with the FP32 generic kernel ("check" column).
 //
-// Usage: bench_matvec_cuda [--quick]   (--quick: fewer repeats, no configuration sweep)
+// Usage: bench_matvec_cuda [--quick] [--stream-sweep]   (--quick: fewer repeats, no
+// configuration sweep; --stream-sweep: only the stream GEMV's shapes on the decode products,
+// chained by PDL in a graph, about a minute)
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -294,13 +296,80 @@ struct Row {
 
 }  // namespace
 
+// The stream GEMV's shapes (warps, loads in flight, rows per warp) on the decode products, M = 1,
+// each launch in a graph of launches chained by PDL as in the decode step; with the norm
+// prologue where the model has one ([q | kv_a]) and the residual epilogue where it has one
+// (o_proj). Each variant is checked against the generic FP32 kernel first.
+void stream_sweep(cudaStream_t s, cublasHandle_t blas, double copy_gbs) {
+    struct Case {
+        const char* name;
+        int64_t batch, n, k;
+        bool norm, residual;
+    };
+    const Case cases[] = {
+        {"q+kv_a merged + norm", 1, 3648, 2048, true, false},
+        {"o_proj + residual", 1, 2048, 2048, false, true},
+        {"router", 1, 64, 2048, false, false},
+        {"W_uk per head (16 x 512x128)", 16, 512, 128, false, false},
+        {"W_uv per head (16 x 128x512)", 16, 128, 512, false, false},
+        {"shared gate/up", 1, 2816, 2048, false, false},
+        {"dense gate/up", 1, 10944, 2048, false, false},
+        {"lm_head + norm", 1, 102400, 2048, true, false},
+    };
+    std::printf("## stream GEMV shapes, M = 1, graph + PDL (us per launch; GB/s of W)\n\n");
+    std::printf("| product | dtype | MB |");
+    for (int c = 0; c < matmul_stream_config_count(); ++c)
+        std::printf(" %s |", matmul_stream_config_name(c).c_str());
+    std::printf(" best |\n|---|---|---|");
+    for (int c = 0; c <= matmul_stream_config_count(); ++c) std::printf("---|");
+    std::printf("\n");
+    for (const Case& cs : cases) {
+        for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3}) {
+            if (cs.batch > 1 && t == mgl::dtype::f8_e4m3) continue;  // the model's are bf16
+            Setup st(t, cs.batch, cs.n, cs.k, 1);
+            const MatmulResources res{blas, st.ws->p, st.ws_bytes};
+            auto with = [&](int copy, int cfg) {
+                MatmulParams q = st.params(1, copy);
+                q.path = MatmulPath::stream;
+                q.stream_config = cfg;
+                q.pdl = true;
+                if (cs.norm) {
+                    q.rms_norm = true;
+                    q.norm_w = st.norm->p;
+                    q.norm_w_type = mgl::dtype::f32;
+                }
+                if (cs.residual) q.residual = st.residual->f();
+                return q;
+            };
+            std::printf("| %s | %s | %.1f |", cs.name, tname(t), double(st.w_bytes) / 1e6);
+            double best_us = 1e30;
+            std::string best = "-";
+            for (int cfg = 0; cfg < matmul_stream_config_count(); ++cfg) {
+                const double err = check_against_generic(st, with(0, cfg), res);
+                if (err < 0 || err > 1e-4 || std::isnan(err)) {
+                    std::printf(" %s |", err < 0 ? "refused" : "BAD");
+                    continue;
+                }
+                const double us = time_graph([&](int i) { matmul(with(i, cfg), res, s); }, s);
+                std::printf(" %.2f (%.0f) |", us, double(st.w_bytes) / (us * 1e3));
+                if (us < best_us) best_us = us, best = matmul_stream_config_name(cfg);
+            }
+            std::printf(" %s, %.0f%% of copy bw |\n", best.c_str(),
+                        100.0 * double(st.w_bytes) / (best_us * 1e3) / copy_gbs);
+            std::fflush(stdout);
+        }
+    }
+}
+
 static int run(int argc, char** argv) {
-    bool quick = false;
+    bool quick = false, stream_only = false;
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) {
             quick = true;
+        } else if (std::strcmp(argv[i], "--stream-sweep") == 0) {
+            stream_only = true;
         } else {
-            std::fprintf(stderr, "usage: bench_matvec_cuda [--quick]\n");
+            std::fprintf(stderr, "usage: bench_matvec_cuda [--quick] [--stream-sweep]\n");
             return 2;
         }
     }
@@ -330,6 +399,10 @@ static int run(int argc, char** argv) {
     std::printf("empty kernel: %.2f us per launch queued on a stream, %.2f us per graph node\n\n",
                 empty_stream_us, empty_graph_us);
     auto pct = [&](double gbs) { return 100.0 * gbs / bw.copy_gbs; };
+    if (stream_only) {
+        stream_sweep(s, blas, bw.copy_gbs);
+        return 0;
+    }
 
     // ---- 1. decode GEMV, M = 1: automatic plan, then the configuration sweep ----
     std::printf("## GEMV, M = 1 (automatic plan)\n\n");

@@ -158,6 +158,9 @@ say "benchmarks done [$(elapsed)]"
 
 # 4. Optional: kernel benchmarks (tables in $OUT/bench_*_cuda.log, summaries below).
 if [[ $KERNELS == 1 ]]; then
+    # The stream GEMV's shapes on the decode products first (about a minute).
+    timeout 200 "$BIN/bench_matvec_cuda" --stream-sweep > "$OUT/bench_stream_sweep.log" 2>&1
+    say "kernel bench stream sweep: rc=$? (table in bench_stream_sweep.log)"
     for b in matvec mla moe; do
         timeout 200 "$BIN/bench_${b}_cuda" > "$OUT/bench_${b}_cuda.log" 2>&1
         say "kernel bench $b: rc=$? ($(wc -l < "$OUT/bench_${b}_cuda.log") lines)"

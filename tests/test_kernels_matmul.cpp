@@ -52,8 +52,9 @@ struct Case {
     bool norm_weight = true;
     MatmulPath path = MatmulPath::automatic;
     int config = -1, split = 0;
-    uint64_t seed = 1;    // W, scales, norm weight
-    uint64_t x_seed = 0;  // x and residual (0: derived from seed)
+    int stream_config = -1;  // the stream path's benchmark shapes (M = 1)
+    uint64_t seed = 1;       // W, scales, norm weight
+    uint64_t x_seed = 0;     // x and residual (0: derived from seed)
 
     std::string name() const {
         std::string s = std::string(mgl::dtype_name(type)) + " B" + std::to_string(batch) + " M" +
@@ -70,6 +71,7 @@ struct Case {
         s += std::string(" path ") + kernels::matmul_path_name(path);
         if (config >= 0) s += " cfg " + std::to_string(config);
         if (split) s += " split " + std::to_string(split);
+        if (stream_config >= 0) s += " stream " + kernels::matmul_stream_config_name(stream_config);
         return s;
     }
 };
@@ -224,6 +226,7 @@ Problem make_problem(const Case& c) {
     pr.p.path = c.path;
     pr.p.gemv_config = c.config;
     pr.p.gemv_split = c.split;
+    pr.p.stream_config = c.stream_config;
     return pr;
 }
 
@@ -401,6 +404,27 @@ TEST_CASE("cuda matmul stream gemv: dtypes, M, batches, strides, residual, norm"
                     c.seed = seed++;
                     run_case(c, blas);
                 }
+}
+
+TEST_CASE("cuda matmul stream gemv: every benchmark shape (warps, loads in flight, rows)" *
+          doctest::skip(no_gpu)) {
+    Cublas blas;
+    uint64_t seed = 300;
+    for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3})
+        for (int cfg = 0; cfg < kernels::matmul_stream_config_count(); ++cfg)
+            for (int variant = 0; variant < 3; ++variant) {
+                Case c;
+                c.type = t;
+                c.n = variant == 2 ? 5 : 203;  // fewer rows than one block's warps
+                c.k = variant == 0 ? 2048 : 16 * 3 + 1024;
+                c.batch = variant == 1 ? 3 : 1;
+                c.residual = variant != 0;
+                c.norm = variant != 2;
+                c.path = MatmulPath::stream;
+                c.stream_config = cfg;
+                c.seed = seed++;
+                run_case(c, blas);
+            }
 }
 
 TEST_CASE("cuda matmul gemv: V2-Lite shapes, automatic plan" * doctest::skip(no_gpu)) {
