@@ -1,8 +1,10 @@
 // Sampler: each filter on hand-made logits against probabilities worked out by hand or in double.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "runtime/sampler.h"
@@ -163,4 +165,35 @@ TEST_CASE("sampler: the same seed gives the same tokens, the draws follow the pr
     CHECK(double(counts[0]) / n == doctest::Approx(0.1).epsilon(0.1));
     CHECK(double(counts[1]) / n == doctest::Approx(0.6).epsilon(0.03));
     CHECK(double(counts[2]) / n == doctest::Approx(0.3).epsilon(0.05));
+}
+
+TEST_CASE("sampler: the one-pass top-k and the greedy scan equal sorting everything") {
+    // Random vocabularies with many ties (few distinct values), -0 and +0, and sizes around the
+    // scan's 8-wide blocks; greedy also with NaNs, which max_element never picks (unless first).
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 400; ++trial) {
+        const size_t n = 1 + rng() % 300;
+        std::vector<float> logits(n);
+        for (float& x : logits) {
+            const int k = int(rng() % 12);
+            x = k == 0 ? -0.0f : k == 1 ? 0.0f : float(int(rng() % 9) - 4) * 0.5f;
+        }
+        SamplerParams p = no_filters(1.0f);
+        p.top_k = 1 + int(rng() % 50);
+        const auto got = Sampler(p, 100).candidates(logits);
+        std::vector<int32_t> order(n);
+        for (size_t i = 0; i < n; ++i) order[i] = int32_t(i);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            return logits[size_t(a)] > logits[size_t(b)];
+        });
+        const size_t k = std::min(n, size_t(p.top_k));
+        REQUIRE(got.size() == k);
+        for (size_t i = 0; i < k; ++i) CHECK(got[i].id == order[i]);
+
+        if (trial % 2) logits[rng() % n] = std::nanf("");
+        const auto greedy = Sampler(no_filters(0.0f), 100).candidates(logits);
+        REQUIRE(greedy.size() == 1);
+        CHECK(greedy[0].id ==
+              int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    }
 }
