@@ -205,6 +205,11 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
     if (routing_observer_) routing_observer_(r);
 }
 
+// Logits up to this size go through a pinned staging buffer kept by the session (one token's
+// logits are 0.5 MB or less for every supported vocabulary); larger ones (all positions of a
+// prompt) are downloaded directly.
+constexpr size_t max_staged_logits_bytes = size_t(4) << 20;
+
 std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_logits,
                                       const TensorObserver* observe) {
     const int64_t T = int64_t(tokens.size());
@@ -239,8 +244,22 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
         observed.push_back(s->out.logits);
         report_tensors(observed, *observe);
     }
-    std::vector<float> out(size_t(s->out.logits->nelements()));
-    backend_.download(*s->out.logits, out.data(), 0, out.size() * sizeof(float));
+    const size_t n_logits = size_t(s->out.logits->nelements());
+    std::vector<float> out;
+    if (n_logits * sizeof(float) <= max_staged_logits_bytes) {
+        // Every decoded token downloads its logits (400 KB for a 102,400 vocabulary): through
+        // pinned staging, as the driver stages a copy to pageable memory itself, more slowly.
+        const size_t bytes = n_logits * sizeof(float);
+        if (!logits_host_ || logits_host_->size() < bytes)
+            logits_host_ = backend_.alloc_host_buffer(bytes);
+        backend_.download_async(*s->out.logits, logits_host_->base(), 0, bytes);
+        backend_.synchronize();
+        const auto* staged = static_cast<const float*>(logits_host_->base());
+        out.assign(staged, staged + n_logits);
+    } else {  // a prompt's logits for every position: straight into the result
+        out.resize(n_logits);
+        backend_.download(*s->out.logits, out.data(), 0, n_logits * sizeof(float));
+    }
     if (routing_observer_ || expert_cache_hook_) report_routing(*s, T, !decode);
 
     cache_->advance(seq_, T);

@@ -123,6 +123,7 @@ private:
     mgl::arena prompt_arena_, decode_arena_;  // separate, so a prompt never invalidates decode
     std::unique_ptr<StepGraph> decode_;       // recorded on the first decoded token
     mgl::buffer_ptr routing_host_;            // pinned staging for the routing downloads
+    mgl::buffer_ptr logits_host_;             // pinned staging for one token's logits
     bool use_decode_graph_ = true;
     RoutingObserver routing_observer_;
     RoutingObserver expert_cache_hook_;
