@@ -6,12 +6,14 @@
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
-#                        [--fetch-compare]
+#                        [--fetch-compare] [--ncu]
 #
 # --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
 # and of the prompt pass) whose tables go to $OUT/profile_f8.log.
+# --ncu adds scripts/ncu_decode.sh: Nsight Compute's time of every kernel of one decode step
+# (table in $OUT/ncu_summary.txt, its top lines in the summary).
 #
 # Builds nothing: it runs the binaries in $BIN (default build/; a build made on another machine
 # with -arch=sm_90 and static cudart runs as is). Logs and results go to $OUT (default
@@ -24,7 +26,7 @@ WORK="${WORK:-/tmp/minids_gpu_check}"
 mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
-KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0
+KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0
 for a in "$@"; do
     case "$a" in
         --kernels) KERNELS=1 ;;
@@ -34,6 +36,7 @@ for a in "$@"; do
         --profile) PROFILE=1 ;;
         --all-tests) ALL_TESTS=1 ;;
         --fetch-compare) FETCH_COMPARE=1 ;;
+        --ncu) NCU=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -155,6 +158,13 @@ bench_model() {  # $1 = expert dtype
 bench_model f8_e4m3
 [[ $QUICK == 0 ]] && bench_model bf16
 say "benchmarks done [$(elapsed)]"
+
+# 3b. Optional: every kernel of one decode step under Nsight Compute.
+if [[ $NCU == 1 ]]; then
+    BIN="$BIN" OUT="$OUT" WORK="$WORK" timeout 300 scripts/ncu_decode.sh > "$OUT/ncu_summary.txt" 2>&1
+    say "ncu decode step: rc=$? $(sed -n 2p "$OUT/ncu_summary.txt")"
+    sed -n 4,9p "$OUT/ncu_summary.txt" | cut -c1-140 | while read -r l; do say "  $l"; done
+fi
 
 # 4. Optional: kernel benchmarks (tables in $OUT/bench_*_cuda.log, summaries below).
 if [[ $KERNELS == 1 ]]; then
