@@ -58,8 +58,10 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
     const int64_t layer = p.layer;
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
     // The copy kernel may be scheduled now: it waits for this grid to complete (and its
-    // writes to be visible) before it reads anything (griddepcontrol.wait).
-    asm volatile("griddepcontrol.launch_dependents;");
+    // writes to be visible) before it reads anything. Launched dependent itself (on the routing
+    // kernel, which wrote the ids), the plan waits for its predecessor before reading.
+    pdl_launch_dependents();
+    pdl_wait();
     for (int i = tid; i < max_experts / 32; i += plan_threads) s.used[i] = 0;
     __syncthreads();
     for (int64_t i = tid; i < p.n_ids; i += plan_threads) {
@@ -200,7 +202,9 @@ __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
 __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
     // Launched dependent on the plan (ExpertFetchParams::pdl): nothing is read before it is
     // done. A no-op in an ordinary launch.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_wait();
+    // The expert kernels after it may be scheduled now (they wait for this grid in turn).
+    pdl_launch_dependents();
     const mgl::expert_fetch_header* h = p.state;
     const int64_t f = h->layer_fills + blockIdx.y;
     if (f >= h->n_fills) return;
@@ -220,8 +224,7 @@ void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
     if (!p.state || !p.table || !p.ids || p.n_ids < 1 || p.n_experts < 1 ||
         p.n_experts > max_experts || p.blob_bytes < 1 || p.layer < 0)
         ::mgl::fail(__FILE__, __LINE__, "expert_fetch: parameters out of range");
-    fetch_plan_kernel<<<1, plan_threads, 0, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    launch_maybe_dependent(fetch_plan_kernel, dim3(1), dim3(plan_threads), 0, stream, p.pdl, p);
     const int64_t most_fills = p.n_ids < p.n_experts ? p.n_ids : p.n_experts;
     const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
     const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),

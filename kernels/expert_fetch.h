@@ -26,8 +26,9 @@ struct ExpertFetchParams {
     int32_t layer = 0;
     int32_t n_experts = 0;   // at most 1024
     int64_t blob_bytes = 0;  // equals state->blob_bytes; sizes the copy grid
-    // Programmatic dependent launch (Hopper): the copy kernel is scheduled while the plan runs
-    // and waits in griddepcontrol.wait for it, so its launch gap leaves the step's path.
+    // Programmatic dependent launch (Hopper): the plan is scheduled while the routing kernel
+    // runs, the copy while the plan runs, each waiting in griddepcontrol.wait for its
+    // predecessor, so their launch gaps leave the step's path.
     bool pdl = false;
 };
 
