@@ -5,9 +5,9 @@
 
 #include <string>
 
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
-#include "mla_attn_tc.cuh"  // cp.async helpers
 #include "mla_internal.cuh"
 
 namespace minids::kernels {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
 #include "mla_internal.cuh"
@@ -55,9 +56,6 @@ size_t tc_smem_bytes(int r, int rope) {
            4 * (2 * size_t(S::WN) * S::rows + S::rows);
 }
 
-__device__ inline uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ inline void ldsm_x4(uint32_t (&d)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -83,19 +81,6 @@ __device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 16 bytes global -> shared; src_bytes 0 fills zeros (rows outside the range).
-__device__ inline void cp_async_16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-// The same at dst_smem + DST_OFF and src + SRC_OFF bytes: the offsets go into the instruction.
-template <int DST_OFF, int SRC_OFF>
-__device__ inline void cp_async_16(uint32_t dst_smem, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%4], 16, %2;\n" ::"r"(dst_smem), "l"(src),
-                 "r"(src_bytes), "n"(DST_OFF), "n"(SRC_OFF)
-                 : "memory");
-}
 // A row's 16-byte chunks c = 0 .. N-1 (those with lane + 32·c < chunks): this lane's chunk c
 // sits 512·c bytes (32 lanes x 16) after dst_smem and after src.
 template <int C, int N>
@@ -105,11 +90,6 @@ __device__ inline void cp_async_row(uint32_t dst_smem, const void* src, int src_
         if (lane + 32 * C < chunks) cp_async_16<512 * C, 512 * C>(dst_smem, src, src_bytes);
         cp_async_row<C + 1, N>(dst_smem, src, src_bytes, lane, chunks);
     }
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ inline void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ inline uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "moe.h"
 
@@ -29,24 +30,6 @@ __device__ __forceinline__ uint4 load_weights16(const uint8_t* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-// Global -> shared copies that need no registers (cp.async), so a thread can have all of its
-// staging loads in flight at once; cp_async_wait_all() then a barrier publishes them.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
-                     static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
-                 "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
-                 "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 template <mgl::dtype DT>
