@@ -56,6 +56,13 @@ std::string describe(const tensor& t) {
     return std::string(op_name(t.op_kind)) + " node '" + t.name + "' " + shape_str(t);
 }
 
+// A kernel launcher's params with the backend's programmatic-dependent-launch switch.
+template <class Params>
+Params with_pdl(Params p, const exec_env& env) {
+    p.pdl = env.pdl;
+    return p;
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul (+ rms_norm prologue, + residual epilogue)
 // ---------------------------------------------------------------------------------------------
@@ -73,9 +80,8 @@ struct matmul_launch {
             copy_convert(src, contiguous_f32(src, env.scratch), env.stream);
         }
         for (size_t i = 0; i < calls.size(); ++i) {
-            kn::MatmulParams p = calls[i];
+            kn::MatmulParams p = with_pdl(calls[i], env);
             if (stage_from) p.x = static_cast<const float*>(env.scratch) + x_offsets[i];
-            p.pdl = env.pdl;
             kn::matmul(p, res, env.stream);
         }
     }
@@ -215,10 +221,9 @@ launch_step mla_attn_step(const tensor& n, size_t& scratch) {
     const size_t need = kn::mla_attn_workspace_bytes(T, H, r, p.max_splits);
     scratch = std::max(scratch, need);
     return {decode ? "mla_decode" : "mla_prefill", &n, [p, decode](const exec_env& env) {
-                kn::MlaAttnParams q = p;
+                kn::MlaAttnParams q = with_pdl(p, env);
                 q.workspace = env.scratch;
                 q.workspace_bytes = env.scratch_bytes;
-                q.pdl = env.pdl;
                 if (decode) {
                     kn::mla_decode(q, env.stream);
                 } else {
@@ -236,11 +241,8 @@ launch_step expert_fetch_step(const tensor& n) {
     p.layer = n.iparams[0];
     p.n_experts = int32_t(n.src[0]->shape[0]);
     p.blob_bytes = int64_t(n.experts->blob_bytes);
-    return {"expert_fetch", &n, [p](const exec_env& env) {
-                kn::ExpertFetchParams q = p;
-                q.pdl = env.pdl;
-                kn::expert_fetch(q, env.stream);
-            }};
+    return {"expert_fetch", &n,
+            [p](const exec_env& env) { kn::expert_fetch(with_pdl(p, env), env.stream); }};
 }
 
 launch_step kv_store_step(const tensor& n) {
@@ -254,11 +256,8 @@ launch_step kv_store_step(const tensor& n) {
     p.k_pe_stride = k_pe.stride[0] / 4;
     p.positions = static_cast<const int32_t*>(n.src[4]->data);
     p.T = c.shape[0];
-    return {"kv_store", &n, [p](const exec_env& env) {
-                kn::KvStoreParams q = p;
-                q.pdl = env.pdl;
-                kn::kv_store(q, env.stream);
-            }};
+    return {"kv_store", &n,
+            [p](const exec_env& env) { kn::kv_store(with_pdl(p, env), env.stream); }};
 }
 
 launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
@@ -293,11 +292,8 @@ launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
         p.k_pe_out = f32_data(g.k_rope);
         p.k_pe_out_stride = rope;
     }
-    return {"mla_prep", g.run_at, [p](const exec_env& env) {
-                kn::MlaPrepParams q = p;
-                q.pdl = env.pdl;
-                kn::mla_prep(q, env.stream);
-            }};
+    return {"mla_prep", g.run_at,
+            [p](const exec_env& env) { kn::mla_prep(with_pdl(p, env), env.stream); }};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,11 +329,8 @@ launch_step route_step(const route_group& g) {
     p.weights = f32_data(g.weights);
     set_topk(p, *g.topk);
     set_weighting(p, *g.weights);
-    return {"moe_route", g.weights, [p](const exec_env& env) {
-                kn::MoeRoutingParams q = p;
-                q.pdl = env.pdl;
-                kn::moe_route(q, env.stream);
-            }};
+    return {"moe_route", g.weights,
+            [p](const exec_env& env) { kn::moe_route(with_pdl(p, env), env.stream); }};
 }
 
 launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
@@ -384,9 +377,7 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
     if (add) what += "+add";
     return {what, add ? add : &n, [p](const exec_env& env) {
-                kn::MoeExpertsParams q = p;
-                q.pdl = env.pdl;
-                kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
+                kn::moe_experts(with_pdl(p, env), env.scratch, env.scratch_bytes, env.stream);
             }};
 }
 
@@ -409,9 +400,7 @@ launch_step rms_norm_step(const tensor& n) {
         p.x = f32_data(&x);
         p.x_stride = row_stride;
         return {"rms_norm", &n, [p](const exec_env& env) {
-                    kn::RmsNormParams q = p;
-                    q.pdl = env.pdl;
-                    if (q.rows) kn::rms_norm(q, env.stream);
+                    if (p.rows) kn::rms_norm(with_pdl(p, env), env.stream);
                 }};
     }
     // Any other layout: gather x into the output, then normalize in place.
