@@ -187,9 +187,8 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
     const bool weights = bool(routing_observer_);
     const size_t n = per_layer * ids.size();
     const size_t bytes = n * sizeof(int32_t) + (weights ? n * sizeof(float) : 0);
-    if (!routing_host_ || routing_host_->size() < bytes)
-        routing_host_ = backend_.alloc_host_buffer(std::max<size_t>(bytes, 4096));
-    auto* staged_ids = static_cast<int32_t*>(routing_host_->base());
+    auto* staged_ids =
+        static_cast<int32_t*>(host_staging(routing_host_, std::max<size_t>(bytes, 4096)));
     auto* staged_wts = reinterpret_cast<float*>(staged_ids + n);
     for (size_t l = 0; l < ids.size(); ++l) {
         backend_.download_async(*ids[l], staged_ids + l * per_layer, 0,
@@ -203,6 +202,11 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
     if (weights) r.weights.assign(staged_wts, staged_wts + n);
     if (expert_cache_hook_) expert_cache_hook_(r);
     if (routing_observer_) routing_observer_(r);
+}
+
+void* Session::host_staging(mgl::buffer_ptr& buf, size_t bytes) {
+    if (!buf || buf->size() < bytes) buf = backend_.alloc_host_buffer(bytes);
+    return buf->base();
 }
 
 // Logits up to this size go through a pinned staging buffer kept by the session (one token's
@@ -246,17 +250,17 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     }
     const size_t n_logits = size_t(s->out.logits->nelements());
     std::vector<float> out;
-    if (n_logits * sizeof(float) <= max_staged_logits_bytes) {
+    const bool device = backend_.compute_memory() != mgl::memory_kind::host;
+    if (device && n_logits * sizeof(float) <= max_staged_logits_bytes) {
         // Every decoded token downloads its logits (400 KB for a 102,400 vocabulary): through
         // pinned staging, as the driver stages a copy to pageable memory itself, more slowly.
+        // (A backend computing in host memory copies straight into the result.)
         const size_t bytes = n_logits * sizeof(float);
-        if (!logits_host_ || logits_host_->size() < bytes)
-            logits_host_ = backend_.alloc_host_buffer(bytes);
-        backend_.download_async(*s->out.logits, logits_host_->base(), 0, bytes);
+        auto* staged = static_cast<float*>(host_staging(logits_host_, bytes));
+        backend_.download_async(*s->out.logits, staged, 0, bytes);
         backend_.synchronize();
-        const auto* staged = static_cast<const float*>(logits_host_->base());
         out.assign(staged, staged + n_logits);
-    } else {  // a prompt's logits for every position: straight into the result
+    } else {  // a prompt's logits for every position, or a host backend: straight into the result
         out.resize(n_logits);
         backend_.download(*s->out.logits, out.data(), 0, n_logits * sizeof(float));
     }

@@ -112,6 +112,9 @@ private:
                                  const TensorObserver* observe);
     void report_tensors(const std::vector<mgl::tensor*>& nodes, const TensorObserver& observe);
     void report_routing(StepGraph& s, int64_t T, bool prefill);
+    // `buf`'s base, reallocated as a backend host buffer (pinned on a GPU) when it is smaller
+    // than `bytes`.
+    void* host_staging(mgl::buffer_ptr& buf, size_t bytes);
 
     const Deepseek2Model& model_;
     mgl::backend& backend_;
