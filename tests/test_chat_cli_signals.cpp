@@ -38,17 +38,22 @@ CliResult run_script(const std::string& script) {
 const std::string wait_for =
     R"(wait_for() { for i in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }; )";
 
-}  // namespace
-
-TEST_CASE("signals: Ctrl-C stops minids run's generation, exit 130") {
-    // 20000 tokens would take many seconds; the interrupt must end it early.
-    CliResult r = run_script(wait_for + R"(
-        "$BIN" run -m "$MODEL" --ids 0,5,9 -c 30000 -n 20000 --temp 0 -t 1 >"$DIR/out" 2>"$DIR/err" &
+// Runs `"$BIN" ARGS` in the background (stdout to $DIR/out, stderr to $DIR/err), sends it SIGINT
+// 0.3 s after it has printed "loaded", and records its exit status.
+CliResult run_interrupted(const std::string& args) {
+    return run_script(wait_for + "\n        \"$BIN\" " + args + R"( >"$DIR/out" 2>"$DIR/err" &
         pid=$!
         wait_for "$DIR/err" loaded && sleep 0.3
         kill -INT $pid
         wait $pid
         echo $? >"$DIR/status")");
+}
+
+}  // namespace
+
+TEST_CASE("signals: Ctrl-C stops minids run's generation, exit 130") {
+    // 20000 tokens would take many seconds; the interrupt must end it early.
+    CliResult r = run_interrupted(R"(run -m "$MODEL" --ids 0,5,9 -c 30000 -n 20000 --temp 0 -t 1)");
     INFO("stderr: " << r.err);
     CHECK(r.status == 130);
     CHECK(r.err.find("interrupted") != std::string::npos);
@@ -57,14 +62,9 @@ TEST_CASE("signals: Ctrl-C stops minids run's generation, exit 130") {
 TEST_CASE("signals: Ctrl-C with the expert cache fetching on the device: exit 130, counters") {
     // The demo model with 24 of its 160 experts in slots: the step fetches misses itself
     // (on the CPU the same bookkeeping as on a GPU); the interrupt lands mid-generation.
-    CliResult r = run_script(wait_for + R"(
-        "$BIN" run -m "$MODEL_DEMO" -p "Return the number of" -n 20000 -c 30000 --ignore-eos \
-            --temp 0 -t 1 --expert-cache-slots 24 >"$DIR/out" 2>"$DIR/err" &
-        pid=$!
-        wait_for "$DIR/err" loaded && sleep 0.3
-        kill -INT $pid
-        wait $pid
-        echo $? >"$DIR/status")");
+    CliResult r = run_interrupted(
+        R"(run -m "$MODEL_DEMO" -p "Return the number of" -n 20000 -c 30000 --ignore-eos )"
+        R"(--temp 0 -t 1 --expert-cache-slots 24)");
     INFO("stderr: " << r.err);
     CHECK(r.status == 130);
     CHECK(r.err.find("interrupted") != std::string::npos);

@@ -172,6 +172,21 @@ bool uses_tensor_cores(const Case& c) {
 
 const mgl::dtype all_types[] = {mgl::dtype::f8_e4m3, mgl::dtype::bf16, mgl::dtype::f32};
 
+// DeepSeek-V2-Lite's expert shapes (D 2048, n_ff 1408, top-6, a 2816-wide bf16 shared expert,
+// residual on) with E blobs to route over.
+Case v2_lite_case(mgl::dtype type, int64_t E) {
+    Case c;
+    c.type = type;
+    c.E = E;
+    c.D = 2048;
+    c.F = 1408;
+    c.k = 6;
+    c.shared = true;
+    c.shared_F = 2816;
+    c.residual = true;
+    return c;
+}
+
 }  // namespace
 
 TEST_CASE("cuda moe decode: every dtype, shared expert and residual on and off, T 1..3" *
@@ -217,14 +232,7 @@ TEST_CASE("cuda moe decode: folded RMSNorm, every dtype and norm weight, T 1..3,
                 }
             }
     // V2-Lite's shapes (D 2048: eight elements of x per thread), odd D (the scalar path).
-    Case lite;
-    lite.E = 64;
-    lite.D = 2048;
-    lite.F = 1408;
-    lite.k = 6;
-    lite.shared = true;
-    lite.shared_F = 2816;
-    lite.residual = true;
+    Case lite = v2_lite_case(mgl::dtype::f8_e4m3, 64);
     lite.norm = true;
     lite.seed = 77;
     check_case(lite, 1e-5);
@@ -304,15 +312,7 @@ TEST_CASE("cuda moe decode: E x k grid, model shapes, odd shapes, strides, in-pl
 TEST_CASE("cuda moe decode: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 2816 bf16)" *
           doctest::skip(no_gpu)) {
     for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
-        Case c;
-        c.type = type;
-        c.E = 8;  // eight blobs are enough to route six distinct experts
-        c.D = 2048;
-        c.F = 1408;
-        c.k = 6;
-        c.shared = true;
-        c.shared_F = 2816;
-        c.residual = true;
+        Case c = v2_lite_case(type, 8);  // eight blobs route six distinct experts
         for (int64_t T : {1, 4}) {
             c.T = T;
             check_case(c, 1e-5);
@@ -449,16 +449,8 @@ TEST_CASE("cuda moe grouped: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 28
     // 16 blobs and 128 tokens: ~48 rows per expert as with 64 experts and 512 tokens; the
     // double reference is computed for every 8th token.
     for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
-        Case c;
-        c.type = type;
-        c.E = 16;
-        c.D = 2048;
-        c.F = 1408;
-        c.k = 6;
+        Case c = v2_lite_case(type, 16);
         c.T = 128;
-        c.shared = true;
-        c.shared_F = 2816;
-        c.residual = true;
         c.path = MoePath::grouped;
         c.check_every = 8;
         check_case(c, 1e-2);
