@@ -637,7 +637,7 @@ std::string matmul_describe(const MatmulParams& p) {
             return detail::gemv_plan_string(
                 p, detail::plan_gemv(p, detail::sm_count_of_current_device()));
         case MatmulPath::stream:
-            return "stream rows/warp " + std::to_string(detail::stream_rows_per_warp(p));
+            return detail::stream_plan_string(p);
         case MatmulPath::gemm: {
             const GemmPlan g = plan_gemm(p);
             std::string s = "gemm";

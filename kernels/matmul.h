@@ -97,7 +97,8 @@ struct MatmulParams {
     MatmulPath path = MatmulPath::automatic;
     int gemv_config = -1;    // index into the gemv kernel configurations (-1: chosen by shape)
     int gemv_split = 0;      // split-K factor of the gemv path (0: chosen by shape)
-    int stream_config = -1;  // stream path, M = 1: a benchmark shape (matmul_stream_config_*)
+    int stream_config = -1;  // stream path, M = 1: a benchmark shape (matmul_stream_config_*);
+                             // -1: chosen by shape
 };
 
 // Packed strides for contiguous x [B, M, K], W [B, N, K] (or [N, K] when w_shared), y [B, M, N].

@@ -37,6 +37,10 @@ std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan);
 constexpr int64_t stream_gemv_max_m = 8;
 bool stream_gemv_ok(const MatmulParams& p);
 int stream_rows_per_warp(const MatmulParams& p);
+// The benchmark configuration the automatic plan uses for this product (0: launch_r's plan).
+int stream_default_config(const MatmulParams& p);
+// What the stream path runs for this product, for matmul_describe.
+std::string stream_plan_string(const MatmulParams& p);
 int stream_config_count();
 std::string stream_config_name(int config);
 void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream);

@@ -304,6 +304,41 @@ int stream_rows_per_warp(const MatmulParams& p) {
     return blocks1 > slots1 && blocks2 <= slots2 ? 2 : 1;
 }
 
+int stream_default_config(const MatmulParams& p) {
+    if (p.m != 1) return 0;
+    // Chosen from bench_matvec_cuda --stream-sweep on the H200 (docs/perf.md, 2026-12-02 third
+    // session), graph + PDL, µs per launch against the plan of launch_r:
+    // - very short rows (MLA's per-head W_uk, 256 B) leave most lanes idle with one row per
+    //   warp; four rows per warp: 3.76 -> 2.31 (bf16);
+    // - many-wave products (>= 20 MiB: lm_head, the dense FFN) stream best with 16 loads in
+    //   flight per lane over four rows and small blocks: lm_head 148 -> 98 (bf16), 149 -> 88
+    //   (f8); dense gate/up f8 14.1 -> 12.3, bf16 unchanged;
+    // - a product just above half the resident one-row blocks ([q | kv_a], 3648 x 2048): one
+    //   pass over each row with two rows (bf16, 7.8 vs 9.6) or four (f8, 2 KiB rows, 7.1 vs 8.1).
+    const int64_t row_bytes = p.k * int64_t(mgl::dtype_size(p.w_type));
+    const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
+    auto index_of = [](int w, int u, int r) {
+        for (int i = 1; i < n_stream_configs; ++i)
+            if (stream_configs[i].warps == w && stream_configs[i].unroll == u &&
+                stream_configs[i].rows == r)
+                return i;
+        return 0;
+    };
+    if (row_bytes <= 512 || p.n * row_bytes >= (int64_t(20) << 20)) return index_of(4, 4, 4);
+    const int64_t slots1 = fp8 ? resident_blocks<true, 1>() : resident_blocks<false, 1>();
+    const int64_t blocks1 = (p.n + kWarps - 1) / kWarps;
+    if (row_bytes >= 2048 && 2 * blocks1 > slots1)
+        return fp8 ? index_of(8, 4, 4) : index_of(8, 8, 2);
+    return 0;
+}
+
+std::string stream_plan_string(const MatmulParams& p) {
+    const int c = p.stream_config > 0 ? p.stream_config : stream_default_config(p);
+    if (c > 0) return "stream " + stream_config_name(c);
+    return "stream w" + std::to_string(kWarps) + " u" + std::to_string(kUnroll) + " r" +
+           std::to_string(stream_rows_per_warp(p));
+}
+
 void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
     StreamArgs a{};
     a.w = static_cast<const uint8_t*>(p.w);
@@ -327,12 +362,14 @@ void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
     a.k = int(p.k);
     a.chunks = int(p.k * int64_t(mgl::dtype_size(p.w_type)) / 16);
     const bool fp8 = p.w_type == mgl::dtype::f8_e4m3;
-    if (p.stream_config > 0) {
-        if (p.stream_config >= n_stream_configs || p.m != 1)
-            ::mgl::fail(__FILE__, __LINE__,
-                        "matmul: stream_config " + std::to_string(p.stream_config) +
-                            " needs M = 1 and an index below " + std::to_string(n_stream_configs));
-        const StreamConfig& c = stream_configs[p.stream_config];
+    if (p.stream_config > 0 && (p.stream_config >= n_stream_configs || p.m != 1))
+        ::mgl::fail(__FILE__, __LINE__,
+                    "matmul: stream_config " + std::to_string(p.stream_config) +
+                        " needs M = 1 and an index below " + std::to_string(n_stream_configs));
+    // stream_config 0 is the plan of launch_r below; -1 (automatic) lets the shape choose.
+    const int config = p.stream_config >= 0 ? p.stream_config : stream_default_config(p);
+    if (config > 0) {
+        const StreamConfig& c = stream_configs[config];
         (fp8 ? c.launch_f8 : c.launch_bf16)(a, int(p.batch), p.pdl, stream);
         return;
     }

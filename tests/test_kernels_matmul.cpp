@@ -417,7 +417,11 @@ TEST_CASE("cuda matmul stream gemv: every benchmark shape (warps, loads in fligh
                 c.type = t;
                 c.n = variant == 2 ? 5 : 203;  // fewer rows than one block's warps
                 c.k = variant == 0 ? 2048 : 16 * 3 + 1024;
+                // Three batches (MLA's per-head products): the harness adds 3 floats between x
+                // batches, so a 1-float row pad keeps each batch 16-byte aligned, as the stream
+                // path needs (1073 + 3 = 1076 floats apart).
                 c.batch = variant == 1 ? 3 : 1;
+                c.x_pad = variant == 1 ? 1 : 0;
                 c.residual = variant != 0;
                 c.norm = variant != 2;
                 c.path = MatmulPath::stream;
