@@ -128,9 +128,13 @@ enum class Fp8Convert : uint8_t {
 // Tuning of the decode path (defaults are the measured best; see docs/perf.md).
 struct MoeDecodeConfig {
     int gate_up_warps = 8;  // warps per block of launch 1 (one gate/up row pair per warp), 1..16
-    int down_warps = 8;     // warps per block of launch 2, 1..16
-    int down_warps_per_row = 2;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
-    int unroll = 4;              // 16-byte loads in flight per lane and row: 2, 4 or 8
+    int down_warps = 16;    // warps per block of launch 2, 1..16
+    int down_warps_per_row = 4;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
+    int unroll = 2;              // 16-byte loads in flight per lane and row: 2, 4 or 8
+    // Launch 2: output rows per warp (1, 2 or 4). Above 1 a warp walks 32-chunk tiles of one
+    // expert at a time, U = 2 (unroll 2) or 4 tiles in flight, FP8 converted in hardware (the
+    // tiled kernel ignores fp8_convert); used when k · rows <= 32, else one row per warp.
+    int down_rows_per_warp = 2;
     Fp8Convert fp8_convert = Fp8Convert::hardware;
 };
 

@@ -429,6 +429,232 @@ __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeA
     }
 }
 
+// ---- launch 2, tiled (MoeDecodeConfig::down_rows_per_warp R > 1) ----
+//
+// Each warp owns R consecutive output rows and a contiguous share (1/P) of the row's tiles. A tile
+// is 32 consecutive 16-byte chunks of ONE segment (routed slot j, or the shared expert), so its
+// weight pointer and coefficients are warp-uniform (no per-chunk segment search, one shuffle per
+// row and tile), and each lane's activations, read once from shared memory, serve all R rows.
+// U tiles are in flight per lane (U · R loads); a tile's registers are refilled as soon as they
+// are consumed. ncu on the H200 counted ~170 warp instructions per 32 chunks in launch 2's
+// one-row kernel, with the schedulers busy 58 % of the time: it was instruction-bound.
+
+// The activations of one 16-byte weight chunk (DT elements), from the chunk-major staging.
+template <mgl::dtype DT>
+constexpr int chunk_elems_of() {
+    return 16 / elem_bytes<DT>();
+}
+template <mgl::dtype DT>
+__device__ __forceinline__ void load_chunk_x(const float4* xs, int64_t chunk_stride, float* x) {
+#pragma unroll
+    for (int s = 0; s < chunk_elems_of<DT>() / 4; ++s) {
+        const float4 v = xs[s * chunk_stride];
+        x[4 * s] = v.x;
+        x[4 * s + 1] = v.y;
+        x[4 * s + 2] = v.z;
+        x[4 * s + 3] = v.w;
+    }
+}
+// acc + w · x for one chunk whose activations are in registers (FP8 through the hardware
+// conversion, exact).
+template <mgl::dtype DT>
+__device__ __forceinline__ float dot_chunk_x(uint4 w, const float* x, float acc) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    if constexpr (DT == mgl::dtype::f32) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc = fmaf(__uint_as_float(ws[i]), x[i], acc);
+    } else if constexpr (DT == mgl::dtype::bf16) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = bf16x2_to_float2(ws[i]);
+            acc = fmaf(f.x, x[2 * i], acc);
+            acc = fmaf(f.y, x[2 * i + 1], acc);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 f = fp8x4_to_float4(ws[i]);
+            acc = fmaf(f.x, x[4 * i], acc);
+            acc = fmaf(f.y, x[4 * i + 1], acc);
+            acc = fmaf(f.z, x[4 * i + 2], acc);
+            acc = fmaf(f.w, x[4 * i + 3], acc);
+        }
+    }
+    return acc;
+}
+
+template <mgl::dtype RDT, mgl::dtype SDT, int U, int R>
+__device__ void down_tiles(const DecodeArgs& a, float* act_s, float* partial) {
+    const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
+    const int P = a.warps_per_row, groups = warps / P;
+    const int g = warp % groups, part = warp / groups;
+    const int64_t t = blockIdx.x;
+    const int64_t d0 = (int64_t(blockIdx.y) * groups + g) * R;
+    const int64_t r_row_bytes = a.n_ff * elem_bytes<RDT>();
+    const int64_t s_row_bytes = a.has_shared ? a.sh_n_ff * elem_bytes<SDT>() : 0;
+    const int nch_r = int(r_row_bytes / 16), nch_s = int(s_row_bytes / 16);
+    const int tiles_r = (nch_r + 31) / 32, tiles_s = (nch_s + 31) / 32;
+    const int routed_tiles = a.k * tiles_r;
+    const int n_tiles = routed_tiles + tiles_s;
+    const int tb = n_tiles * part / P, te = n_tiles * (part + 1) / P;
+
+    // Lane j · R + r (j < k, r < R; k · R <= 32 is checked on the host): slot j's down matrix
+    // and the coefficient w_j · scale_j[d0 + r] of row d0 + r.
+    const uint8_t* seg_ptr = nullptr;
+    float coef = 0.0f;
+    {
+        const int j = lane / R, r = lane % R;
+        if (j < a.k) {
+            const int32_t id = a.ids[t * a.k + j];
+            if (id >= 0 && id < a.n_experts) {
+                const uint8_t* base = reinterpret_cast<const uint8_t*>(a.table[id]);
+                seg_ptr = base + a.off_down;
+                const int64_t d = d0 + r;
+                const float scale = RDT == mgl::dtype::f8_e4m3 && d < a.D
+                                        ? reinterpret_cast<const float*>(base + a.off_down_scale)[d]
+                                        : 1.0f;
+                coef = a.weights[t * a.k + j] * scale;
+            }
+        }
+    }
+    // Tile -> (segment, first chunk); warp-uniform.
+    auto locate = [&](int tile, int& seg, int& c0) {
+        if (tile < routed_tiles) {
+            seg = tile / tiles_r;
+            c0 = (tile - seg * tiles_r) * 32;
+        } else {
+            seg = a.k;
+            c0 = (tile - routed_tiles) * 32;
+        }
+    };
+    uint4 w[U][R];
+    auto load_tile = [&](int u, int tile) {
+        int seg, c0;
+        locate(tile, seg, c0);
+        const bool routed = seg < a.k;
+        const uint8_t* p =
+            routed ? reinterpret_cast<const uint8_t*>(__shfl_sync(
+                         full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg * R))
+                   : a.sh_down;
+        const int64_t rb = routed ? r_row_bytes : s_row_bytes;
+        const int c = c0 + lane;
+        const bool ok = p != nullptr && c < (routed ? nch_r : nch_s);
+        const uint8_t* q = ok ? p + d0 * rb + int64_t(c) * 16 : nullptr;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            w[u][r] = ok && d0 + r < a.D ? load_weights16(q + r * rb) : make_uint4(0, 0, 0, 0);
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (tb + u < te) load_tile(u, tb + u);
+
+    // Stage the token's activations (k routed segments, then the shared one) while those loads
+    // fly.
+    const float4* act4 = reinterpret_cast<const float4*>(a.act + blockIdx.x * a.act_row);
+    float4* act_s4 = reinterpret_cast<float4*>(act_s);
+    for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x)
+        cp_async_16(act_s4 + i, act4 + i);
+    cp_async_wait_all();
+    __syncthreads();
+
+    const int64_t seg_r4 = a.seg_r / 4;
+    const float4* act_sh4 = act_s4 + int64_t(a.k) * seg_r4;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int t0 = tb; t0 < te; t0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int tile = t0 + u;
+            if (tile >= te) break;  // warp-uniform
+            int seg, c0;
+            locate(tile, seg, c0);
+            const int c = c0 + lane;
+            if (seg < a.k) {
+                float cr[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) cr[r] = __shfl_sync(full_mask, coef, seg * R + r);
+                if (c < nch_r) {
+                    float x[chunk_elems_of<RDT>()];
+                    load_chunk_x<RDT>(act_s4 + seg * seg_r4 + c, nch_r, x);
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        acc[r] = fmaf(cr[r], dot_chunk_x<RDT>(w[u][r], x, 0.0f), acc[r]);
+                }
+            } else if (c < nch_s) {
+                float x[chunk_elems_of<SDT>()];
+                load_chunk_x<SDT>(act_sh4 + c, nch_s, x);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] = dot_chunk_x<SDT>(w[u][r], x, acc[r]);
+            }
+            if (tile + U < te) load_tile(u, tile + U);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) partial[(g * R + r) * P + part] = s;
+    }
+}
+
+template <int U, int R>
+__global__ void __launch_bounds__(max_decode_threads) decode_down_tiles_kernel(DecodeArgs a) {
+    pdl_enter();
+    extern __shared__ float4 smem4[];
+    float* act_s = reinterpret_cast<float*>(smem4);
+    float* partial = act_s + a.act_row;  // [rows_per_block, P]
+    const bool shared_f32 = a.stype == mgl::dtype::f32;
+    switch (a.rtype) {
+        case mgl::dtype::f32:
+            shared_f32 ? down_tiles<mgl::dtype::f32, mgl::dtype::f32, U, R>(a, act_s, partial)
+                       : down_tiles<mgl::dtype::f32, mgl::dtype::bf16, U, R>(a, act_s, partial);
+            break;
+        case mgl::dtype::bf16:
+            shared_f32 ? down_tiles<mgl::dtype::bf16, mgl::dtype::f32, U, R>(a, act_s, partial)
+                       : down_tiles<mgl::dtype::bf16, mgl::dtype::bf16, U, R>(a, act_s, partial);
+            break;
+        default:
+            shared_f32 ? down_tiles<mgl::dtype::f8_e4m3, mgl::dtype::f32, U, R>(a, act_s, partial)
+                       : down_tiles<mgl::dtype::f8_e4m3, mgl::dtype::bf16, U, R>(a, act_s, partial);
+            break;
+    }
+    __syncthreads();
+    const int P = a.warps_per_row, rows_per_block = int(blockDim.x / 32) / P * R;
+    if (int(threadIdx.x) < rows_per_block) {
+        const int64_t t = blockIdx.x, dd = int64_t(blockIdx.y) * rows_per_block + threadIdx.x;
+        if (dd < a.D) {
+            float s = 0.0f;
+            for (int q = 0; q < P; ++q) s += partial[threadIdx.x * P + q];
+            const float res = a.residual ? a.residual[t * a.residual_stride + dd] : 0.0f;
+            a.out[t * a.out_stride + dd] = res + s;
+        }
+    }
+}
+
+template <int U, int R>
+void launch_down_tiles(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl,
+                       cudaStream_t stream) {
+    const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row * R;
+    const dim3 grid(unsigned(a.T), unsigned((a.D + rows - 1) / rows));
+    const size_t smem = size_t(a.act_row + warps * R) * sizeof(float);
+    auto kernel = decode_down_tiles_kernel<U, R>;
+    allow_dynamic_smem(kernel, smem);
+    launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
+}
+
+// Launch 2 tiled with R rows per warp and U tiles in flight (U = 2 for unroll 2, else 4).
+void launch_down_tiled(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl,
+                       cudaStream_t stream) {
+    const int R = cfg.down_rows_per_warp;
+    if (cfg.unroll == 2) {
+        R == 2 ? launch_down_tiles<2, 2>(a, cfg, pdl, stream)
+               : launch_down_tiles<2, 4>(a, cfg, pdl, stream);
+    } else {
+        R == 2 ? launch_down_tiles<4, 2>(a, cfg, pdl, stream)
+               : launch_down_tiles<4, 4>(a, cfg, pdl, stream);
+    }
+}
+
 template <bool VEC, int U, Fp8Convert CVT>
 void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
     const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
@@ -439,6 +665,10 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         auto kernel = decode_gate_up_kernel<VEC, U, CVT>;
         allow_dynamic_smem(kernel, smem);
         launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
+    }
+    if (VEC && cfg.down_rows_per_warp > 1 && a.k * cfg.down_rows_per_warp <= 32) {
+        launch_down_tiled(a, cfg, pdl, stream);
+        return;
     }
     {
         const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row;
@@ -469,19 +699,23 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
         moe_fail("moe_experts (decode): k = " + std::to_string(p.k) + " (at most 32)");
     if (c.gate_up_warps < 1 || c.gate_up_warps > 16 || c.down_warps < 1 || c.down_warps > 16 ||
         c.down_warps_per_row < 1 || c.down_warps % c.down_warps_per_row != 0 ||
-        !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8))
+        !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8) ||
+        !(c.down_rows_per_warp == 1 || c.down_rows_per_warp == 2 || c.down_rows_per_warp == 4))
         moe_fail("moe_experts (decode): bad config: gate_up_warps " +
                  std::to_string(c.gate_up_warps) + ", down_warps " + std::to_string(c.down_warps) +
                  ", down_warps_per_row " + std::to_string(c.down_warps_per_row) + ", unroll " +
-                 std::to_string(c.unroll) +
-                 " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8)");
+                 std::to_string(c.unroll) + ", down_rows_per_warp " +
+                 std::to_string(c.down_rows_per_warp) +
+                 " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8, rows per "
+                 "warp 1, 2 or 4)");
     const size_t need = decode_workspace_bytes(p);
     if (ws_bytes < need || (need && !ws))
         moe_fail("moe_experts (decode): workspace of " + std::to_string(ws_bytes) +
                  " bytes, needs " + std::to_string(need));
     const int64_t D = p.layout.n_embd;
     const int64_t act_row = act_row_floats(p);
-    if (size_t(D) * 4 > 48 * 1024 || size_t(act_row + c.down_warps) * 4 > max_smem_per_block)
+    if (size_t(D) * 4 > 48 * 1024 ||
+        size_t(act_row + c.down_warps * c.down_rows_per_warp) * 4 > max_smem_per_block)
         moe_fail("moe_experts (decode): n_embd " + std::to_string(D) + " or k · n_ff + shared " +
                  std::to_string(act_row) + " too large for shared memory");
     if (p.n_tokens == 0) return;

@@ -215,9 +215,10 @@ const char* name(mgl::dtype t) { return mgl::dtype_name(t); }
 
 std::string describe(const MoeDecodeConfig& c) {
     char buf[128];
-    std::snprintf(buf, sizeof buf, "unroll %d, %s, gate_up_warps %d, down %d x %d/row", c.unroll,
+    std::snprintf(buf, sizeof buf,
+                  "unroll %d, %s, gate_up_warps %d, down %d x %d/row, %d rows/warp", c.unroll,
                   c.fp8_convert == Fp8Convert::hardware ? "cvt hw" : "cvt bits", c.gate_up_warps,
-                  c.down_warps, c.down_warps_per_row);
+                  c.down_warps, c.down_warps_per_row, c.down_rows_per_warp);
     return buf;
 }
 
@@ -309,11 +310,15 @@ int main() {
             for (int unroll : {2, 4, 8})
                 for (auto cvt : {Fp8Convert::hardware, Fp8Convert::bit_ops}) {
                     if (type != mgl::dtype::f8_e4m3 && cvt == Fp8Convert::bit_ops) continue;
-                    // (gate_up_warps, down_warps, down_warps_per_row)
-                    constexpr int shapes[][3] = {{8, 8, 2},   {4, 8, 2},  {8, 8, 1},  {8, 8, 4},
-                                                 {16, 16, 4}, {8, 16, 2}, {16, 16, 1}};
-                    for (const auto& [gw, dw, wpr] : shapes) {
+                    // (gate_up_warps, down_warps, down_warps_per_row, down_rows_per_warp)
+                    constexpr int shapes[][4] = {{8, 8, 2, 1},  {4, 8, 2, 1},  {8, 8, 1, 1},
+                                                 {8, 8, 4, 1},  {8, 16, 2, 1}, {8, 8, 2, 2},
+                                                 {8, 8, 2, 4},  {8, 8, 4, 4},  {8, 16, 4, 4},
+                                                 {8, 16, 2, 4}, {8, 16, 8, 4}, {8, 16, 4, 2}};
+                    for (const auto& [gw, dw, wpr, rows] : shapes) {
+                        if (rows > 1 && (cvt != Fp8Convert::hardware || unroll == 8)) continue;
                         MoeDecodeConfig c;
+                        c.down_rows_per_warp = rows;
                         c.unroll = unroll;
                         c.fp8_convert = cvt;
                         c.gate_up_warps = gw;

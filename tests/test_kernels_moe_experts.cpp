@@ -56,6 +56,7 @@ struct Case {
           << " bad_ids=" << bad_ids << " path=" << int(path) << " unroll=" << decode.unroll
           << " fp8_convert=" << int(decode.fp8_convert) << " gate_up_warps=" << decode.gate_up_warps
           << " down_warps=" << decode.down_warps << " warps_per_row=" << decode.down_warps_per_row
+          << " rows_per_warp=" << decode.down_rows_per_warp
           << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m
           << " norm=" << norm
           << " norm_w=" << (norm_weight ? mgl::dtype_name(norm_w_type) : "none");
@@ -334,16 +335,18 @@ TEST_CASE("cuda moe decode: every kernel configuration gives the same answer" *
     for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16})
         for (int unroll : {2, 4, 8})
             for (auto cvt : {kernels::Fp8Convert::hardware, kernels::Fp8Convert::bit_ops})
-                for (int wpr : {1, 2, 4, 8}) {
-                    Case c = base;
-                    c.type = type;
-                    c.decode.unroll = unroll;
-                    c.decode.fp8_convert = cvt;
-                    c.decode.down_warps_per_row = wpr;
-                    c.decode.gate_up_warps = wpr == 8 ? 16 : 4 * wpr;
-                    c.decode.down_warps = wpr == 1 ? 4 : 8;
-                    check_case(c, 1e-5);
-                }
+                for (int wpr : {1, 2, 4, 8})
+                    for (int rows : {1, 2, 4}) {  // launch 2: one-row and tiled kernels
+                        Case c = base;
+                        c.type = type;
+                        c.decode.unroll = unroll;
+                        c.decode.fp8_convert = cvt;
+                        c.decode.down_warps_per_row = wpr;
+                        c.decode.down_rows_per_warp = rows;
+                        c.decode.gate_up_warps = wpr == 8 ? 16 : 4 * wpr;
+                        c.decode.down_warps = wpr == 1 ? 4 : 8;
+                        check_case(c, 1e-5);
+                    }
 }
 
 TEST_CASE("cuda moe grouped: tensor cores and the FP32 kernels, every dtype, T 17 and 512" *
