@@ -127,8 +127,11 @@ enum class Fp8Convert : uint8_t {
 
 // Tuning of the decode path (defaults are the measured best; see docs/perf.md).
 struct MoeDecodeConfig {
-    int gate_up_warps = 8;  // warps per block of launch 1 (one gate/up row pair per warp), 1..16
-    int down_warps = 16;    // warps per block of launch 2, 1..16
+    int gate_up_warps = 8;  // warps per block of launch 1, 1..16
+    // Launch 1: gate/up row pairs per warp (1 or 2; one read of x serves them all; unroll 8
+    // keeps 1).
+    int gate_up_rows_per_warp = 1;
+    int down_warps = 16;         // warps per block of launch 2, 1..16
     int down_warps_per_row = 4;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
     int unroll = 2;              // 16-byte loads in flight per lane and row: 2, 4 or 8
     // Launch 2: output rows per warp (1, 2 or 4). Above 1 a warp walks 32-chunk tiles of one

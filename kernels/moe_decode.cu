@@ -74,27 +74,80 @@ __host__ __device__ constexpr int chunk_elems(mgl::dtype t) {
 
 // ---- launch 1 ----
 
-// One warp's row pair f of gate/up (when f < rows), for a block of one job. The first U chunks
-// of both rows are requested before the block stages x and waits at the barrier, so the x
-// staging hides behind the weights' latency.
-template <mgl::dtype DT, bool VEC, int U, Fp8Convert CVT>
+// The activations of one 16-byte weight chunk (DT elements), from the chunk-major staging
+// (see stage_index): element e of the chunk at float4 e / 4, chunk_stride float4s apart.
+template <mgl::dtype DT>
+constexpr int chunk_elems_of() {
+    return 16 / elem_bytes<DT>();
+}
+template <mgl::dtype DT>
+__device__ __forceinline__ void load_chunk_x(const float4* xs, int64_t chunk_stride, float* x) {
+#pragma unroll
+    for (int s = 0; s < chunk_elems_of<DT>() / 4; ++s) {
+        const float4 v = xs[s * chunk_stride];
+        x[4 * s] = v.x;
+        x[4 * s + 1] = v.y;
+        x[4 * s + 2] = v.z;
+        x[4 * s + 3] = v.w;
+    }
+}
+// acc + w · x for one chunk whose activations are already in registers (the form of dot_chunk
+// for several rows sharing one read of x).
+template <mgl::dtype DT, Fp8Convert CVT = Fp8Convert::hardware>
+__device__ __forceinline__ float dot_chunk_x(uint4 w, const float* x, float acc) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    if constexpr (DT == mgl::dtype::f32) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc = fmaf(__uint_as_float(ws[i]), x[i], acc);
+    } else if constexpr (DT == mgl::dtype::bf16) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = bf16x2_to_float2(ws[i]);
+            acc = fmaf(f.x, x[2 * i], acc);
+            acc = fmaf(f.y, x[2 * i + 1], acc);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 f = CVT == Fp8Convert::hardware ? fp8x4_to_float4(ws[i])
+                                                         : fp8x4_to_float4_scaled(ws[i]);
+            acc = fmaf(f.x, x[4 * i], acc);
+            acc = fmaf(f.y, x[4 * i + 1], acc);
+            acc = fmaf(f.z, x[4 * i + 2], acc);
+            acc = fmaf(f.w, x[4 * i + 3], acc);
+        }
+    }
+    return acc;
+}
+
+// One warp's R row pairs f0 .. f0 + R - 1 of gate/up (those below `rows`), for a block of one
+// job: each lane's read of x serves 2R rows. The first U chunks of every row are requested
+// before the block stages x and waits at the barrier, so the x staging hides behind the
+// weights' latency. silu(g)·u of row f goes to act at stage_index(f) (launch 2's order).
+template <mgl::dtype DT, bool VEC, int U, Fp8Convert CVT, int R>
 __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gate,
                               const uint8_t* up, const float* gate_scale, const float* up_scale,
-                              int64_t f, bool active, float* act_out, float* xs) {
+                              int64_t f0, int64_t rows, float* act, int down_epc, int64_t down_nch,
+                              float* xs) {
     const int lane = threadIdx.x % 32;
     constexpr int64_t eb = elem_bytes<DT>();
     constexpr int epc = 16 / int(eb);
     const int64_t D = a.D;
     const int64_t nch = VEC ? D / epc : D;
-    const uint8_t* rg = gate + f * D * eb;
-    const uint8_t* ru = up + f * D * eb;
-    uint4 wg[U], wu[U];
+    const int64_t row_bytes = D * eb;
+    const uint8_t* rg = gate + f0 * row_bytes;
+    const uint8_t* ru = up + f0 * row_bytes;
+    const bool active = f0 < rows;
+    uint4 wg[U][R], wu[U][R];
     auto load_one = [&](int u, int64_t c0) {
         const int64_t c = c0 + lane + 32 * u;
-        wg[u] = wu[u] = make_uint4(0, 0, 0, 0);
-        if (c < nch) {
-            wg[u] = load_weights16(rg + c * 16);
-            wu[u] = load_weights16(ru + c * 16);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wg[u][r] = wu[u][r] = make_uint4(0, 0, 0, 0);
+            if (c < nch && f0 + r < rows) {
+                wg[u][r] = load_weights16(rg + r * row_bytes + c * 16);
+                wu[u][r] = load_weights16(ru + r * row_bytes + c * 16);
+            }
         }
     };
     auto load = [&](int64_t c0) {
@@ -144,10 +197,12 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
     }
     if (!active) return;
 
-    float ag = 0.0f, au = 0.0f;
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ag[r] = au[r] = 0.0f;
     if constexpr (VEC) {
         const float4* xs4 = reinterpret_cast<const float4*>(xs);
-        // Rows longer than one round (bf16 shared experts): each register pair is refilled with
+        // Rows longer than one round (bf16 shared experts): each register set is refilled with
         // the next round's chunk as soon as it is consumed, so those loads fly while the rest of
         // this round computes (same summation order).
         for (int64_t c0 = 0; c0 < nch;) {
@@ -156,8 +211,13 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
             for (int u = 0; u < U; ++u) {
                 const int64_t c = c0 + lane + 32 * u;
                 if (c < nch) {
-                    ag = dot_chunk<DT, CVT>(wg[u], xs4 + c, nch, ag);
-                    au = dot_chunk<DT, CVT>(wu[u], xs4 + c, nch, au);
+                    float xv[epc];
+                    load_chunk_x<DT>(xs4 + c, nch, xv);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        ag[r] = dot_chunk_x<DT, CVT>(wg[u][r], xv, ag[r]);
+                        au[r] = dot_chunk_x<DT, CVT>(wu[u][r], xv, au[r]);
+                    }
                 }
                 if (next < nch) load_one(u, next);
             }
@@ -165,21 +225,30 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
         }
     } else {
         for (int64_t i = lane; i < D; i += 32) {
-            ag = fmaf(load_weight<DT>(rg, i), xs[i], ag);
-            au = fmaf(load_weight<DT>(ru, i), xs[i], au);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (f0 + r >= rows) break;
+                ag[r] = fmaf(load_weight<DT>(rg + r * row_bytes, i), xs[i], ag[r]);
+                au[r] = fmaf(load_weight<DT>(ru + r * row_bytes, i), xs[i], au[r]);
+            }
         }
     }
-    ag = warp_sum(ag) * inv_rms;
-    au = warp_sum(au) * inv_rms;
-    if (lane == 0) {
-        const float post = bits ? fp8_bits_x_scale : 1.0f;
-        const float g = ag * post * (gate_scale ? gate_scale[f] : 1.0f);
-        const float u = au * post * (up_scale ? up_scale[f] : 1.0f);
-        *act_out = silu_mul(g, u);
+    const float post = bits ? fp8_bits_x_scale : 1.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float sg = warp_sum(ag[r]) * inv_rms, su = warp_sum(au[r]) * inv_rms;
+        const int64_t f = f0 + r;
+        if (lane == 0 && f < rows) {
+            const float g = sg * post * (gate_scale ? gate_scale[f] : 1.0f);
+            const float u = su * post * (up_scale ? up_scale[f] : 1.0f);
+            act[stage_index(f, down_epc, down_nch, VEC)] = silu_mul(g, u);
+        }
     }
 }
 
-template <bool VEC, int U, Fp8Convert CVT>
+// Block = (token, job, rows): job j < k is the token's j-th routed expert, j == k the shared
+// expert; each warp computes R row pairs.
+template <bool VEC, int U, Fp8Convert CVT, int R>
 __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
@@ -192,7 +261,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     if (!shared) pdl_wait();
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
-    const int64_t row0 = int64_t(blockIdx.y) * warps;
+    const int64_t row0 = int64_t(blockIdx.y) * warps * R;
     if (row0 >= rows) return;
 
     const mgl::dtype dt = shared ? a.stype : a.rtype;
@@ -217,25 +286,25 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     float* act = a.act + t * a.act_row + (shared ? int64_t(a.k) * a.seg_r : j * a.seg_r);
     const int down_epc = chunk_elems(dt);
     const int64_t down_nch = rows / down_epc;
-    const int64_t f = row0 + warp;
-    const bool active = f < rows;
-    float* act_out = act + (active ? stage_index(f, down_epc, down_nch, VEC) : 0);
+    const int64_t f0 = row0 + int64_t(warp) * R;
     if (skip) {  // an id outside [0, E): contributes nothing
-        if (active && threadIdx.x % 32 == 0) *act_out = 0.0f;
+        if (threadIdx.x % 32 == 0)
+            for (int r = 0; r < R; ++r)
+                if (f0 + r < rows) act[stage_index(f0 + r, down_epc, down_nch, VEC)] = 0.0f;
         return;
     }
     switch (dt) {
         case mgl::dtype::f32:
-            gate_up_block<mgl::dtype::f32, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
-                                                        active, act_out, xs);
+            gate_up_block<mgl::dtype::f32, VEC, U, CVT, R>(a, t, gate, up, gate_scale, up_scale, f0,
+                                                           rows, act, down_epc, down_nch, xs);
             break;
         case mgl::dtype::bf16:
-            gate_up_block<mgl::dtype::bf16, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
-                                                         active, act_out, xs);
+            gate_up_block<mgl::dtype::bf16, VEC, U, CVT, R>(a, t, gate, up, gate_scale, up_scale,
+                                                            f0, rows, act, down_epc, down_nch, xs);
             break;
         default:
-            gate_up_block<mgl::dtype::f8_e4m3, VEC, U, CVT>(a, t, gate, up, gate_scale, up_scale, f,
-                                                            active, act_out, xs);
+            gate_up_block<mgl::dtype::f8_e4m3, VEC, U, CVT, R>(
+                a, t, gate, up, gate_scale, up_scale, f0, rows, act, down_epc, down_nch, xs);
             break;
     }
 }
@@ -439,50 +508,6 @@ __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeA
 // are consumed. ncu on the H200 counted ~170 warp instructions per 32 chunks in launch 2's
 // one-row kernel, with the schedulers busy 58 % of the time: it was instruction-bound.
 
-// The activations of one 16-byte weight chunk (DT elements), from the chunk-major staging.
-template <mgl::dtype DT>
-constexpr int chunk_elems_of() {
-    return 16 / elem_bytes<DT>();
-}
-template <mgl::dtype DT>
-__device__ __forceinline__ void load_chunk_x(const float4* xs, int64_t chunk_stride, float* x) {
-#pragma unroll
-    for (int s = 0; s < chunk_elems_of<DT>() / 4; ++s) {
-        const float4 v = xs[s * chunk_stride];
-        x[4 * s] = v.x;
-        x[4 * s + 1] = v.y;
-        x[4 * s + 2] = v.z;
-        x[4 * s + 3] = v.w;
-    }
-}
-// acc + w · x for one chunk whose activations are in registers (FP8 through the hardware
-// conversion, exact).
-template <mgl::dtype DT>
-__device__ __forceinline__ float dot_chunk_x(uint4 w, const float* x, float acc) {
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-    if constexpr (DT == mgl::dtype::f32) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc = fmaf(__uint_as_float(ws[i]), x[i], acc);
-    } else if constexpr (DT == mgl::dtype::bf16) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = bf16x2_to_float2(ws[i]);
-            acc = fmaf(f.x, x[2 * i], acc);
-            acc = fmaf(f.y, x[2 * i + 1], acc);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 f = fp8x4_to_float4(ws[i]);
-            acc = fmaf(f.x, x[4 * i], acc);
-            acc = fmaf(f.y, x[4 * i + 1], acc);
-            acc = fmaf(f.z, x[4 * i + 2], acc);
-            acc = fmaf(f.w, x[4 * i + 3], acc);
-        }
-    }
-    return acc;
-}
-
 template <mgl::dtype RDT, mgl::dtype SDT, int U, int R>
 __device__ void down_tiles(const DecodeArgs& a, float* act_s, float* partial) {
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
@@ -659,10 +684,17 @@ template <bool VEC, int U, Fp8Convert CVT>
 void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
     const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
     {
-        const int warps = cfg.gate_up_warps;
-        const dim3 grid(unsigned(a.T * a.jobs_per_token), unsigned((max_rows + warps - 1) / warps));
+        // Two row pairs with 8 loads in flight per row spill (the 128-register cap of 512
+        // threads): unroll 8 keeps one.
+        constexpr bool two_ok = VEC && U <= 4;
+        const int warps = cfg.gate_up_warps, R = two_ok ? cfg.gate_up_rows_per_warp : 1;
+        const dim3 grid(unsigned(a.T * a.jobs_per_token),
+                        unsigned((max_rows + warps * R - 1) / (warps * R)));
         const size_t smem = size_t(a.D) * sizeof(float);
-        auto kernel = decode_gate_up_kernel<VEC, U, CVT>;
+        auto kernel = decode_gate_up_kernel<VEC, U, CVT, 1>;
+        if constexpr (two_ok) {
+            if (R == 2) kernel = decode_gate_up_kernel<VEC, U, CVT, 2>;
+        }
         allow_dynamic_smem(kernel, smem);
         launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
     }
@@ -700,14 +732,16 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     if (c.gate_up_warps < 1 || c.gate_up_warps > 16 || c.down_warps < 1 || c.down_warps > 16 ||
         c.down_warps_per_row < 1 || c.down_warps % c.down_warps_per_row != 0 ||
         !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8) ||
-        !(c.down_rows_per_warp == 1 || c.down_rows_per_warp == 2 || c.down_rows_per_warp == 4))
+        !(c.down_rows_per_warp == 1 || c.down_rows_per_warp == 2 || c.down_rows_per_warp == 4) ||
+        !(c.gate_up_rows_per_warp == 1 || c.gate_up_rows_per_warp == 2))
         moe_fail("moe_experts (decode): bad config: gate_up_warps " +
                  std::to_string(c.gate_up_warps) + ", down_warps " + std::to_string(c.down_warps) +
                  ", down_warps_per_row " + std::to_string(c.down_warps_per_row) + ", unroll " +
                  std::to_string(c.unroll) + ", down_rows_per_warp " +
-                 std::to_string(c.down_rows_per_warp) +
+                 std::to_string(c.down_rows_per_warp) + ", gate_up_rows_per_warp " +
+                 std::to_string(c.gate_up_rows_per_warp) +
                  " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8, rows per "
-                 "warp 1, 2 or 4)");
+                 "warp 1, 2 or 4 in launch 2, 1 or 2 in launch 1)");
     const size_t need = decode_workspace_bytes(p);
     if (ws_bytes < need || (need && !ws))
         moe_fail("moe_experts (decode): workspace of " + std::to_string(ws_bytes) +

@@ -216,9 +216,10 @@ const char* name(mgl::dtype t) { return mgl::dtype_name(t); }
 std::string describe(const MoeDecodeConfig& c) {
     char buf[128];
     std::snprintf(buf, sizeof buf,
-                  "unroll %d, %s, gate_up_warps %d, down %d x %d/row, %d rows/warp", c.unroll,
-                  c.fp8_convert == Fp8Convert::hardware ? "cvt hw" : "cvt bits", c.gate_up_warps,
-                  c.down_warps, c.down_warps_per_row, c.down_rows_per_warp);
+                  "unroll %d, %s, gate_up %d warps x %d rows, down %d x %d/row, %d rows/warp",
+                  c.unroll, c.fp8_convert == Fp8Convert::hardware ? "cvt hw" : "cvt bits",
+                  c.gate_up_warps, c.gate_up_rows_per_warp, c.down_warps, c.down_warps_per_row,
+                  c.down_rows_per_warp);
     return buf;
 }
 
@@ -310,14 +311,17 @@ int main() {
             for (int unroll : {2, 4, 8})
                 for (auto cvt : {Fp8Convert::hardware, Fp8Convert::bit_ops}) {
                     if (type != mgl::dtype::f8_e4m3 && cvt == Fp8Convert::bit_ops) continue;
-                    // (gate_up_warps, down_warps, down_warps_per_row, down_rows_per_warp)
-                    constexpr int shapes[][4] = {{8, 8, 2, 1},  {4, 8, 2, 1},  {8, 8, 1, 1},
-                                                 {8, 8, 4, 1},  {8, 16, 2, 1}, {8, 8, 2, 2},
-                                                 {8, 8, 2, 4},  {8, 8, 4, 4},  {8, 16, 4, 4},
-                                                 {8, 16, 2, 4}, {8, 16, 8, 4}, {8, 16, 4, 2}};
-                    for (const auto& [gw, dw, wpr, rows] : shapes) {
-                        if (rows > 1 && (cvt != Fp8Convert::hardware || unroll == 8)) continue;
+                    // (gate_up_warps, gate/up row pairs per warp, down_warps,
+                    // down_warps_per_row, down_rows_per_warp)
+                    constexpr int shapes[][5] = {
+                        {8, 1, 8, 2, 1},  {8, 1, 16, 2, 1}, {8, 1, 8, 4, 4},  {8, 1, 16, 4, 4},
+                        {8, 1, 16, 4, 2}, {8, 2, 16, 4, 2}, {4, 2, 16, 4, 2}, {16, 2, 16, 4, 2},
+                        {4, 1, 16, 4, 2}, {16, 1, 16, 4, 2}};
+                    for (const auto& [gw, gr, dw, wpr, rows] : shapes) {
+                        if ((rows > 1 || gr > 1) && (cvt != Fp8Convert::hardware || unroll == 8))
+                            continue;
                         MoeDecodeConfig c;
+                        c.gate_up_rows_per_warp = gr;
                         c.down_rows_per_warp = rows;
                         c.unroll = unroll;
                         c.fp8_convert = cvt;

@@ -57,6 +57,7 @@ struct Case {
           << " fp8_convert=" << int(decode.fp8_convert) << " gate_up_warps=" << decode.gate_up_warps
           << " down_warps=" << decode.down_warps << " warps_per_row=" << decode.down_warps_per_row
           << " rows_per_warp=" << decode.down_rows_per_warp
+          << " gate_up_rows=" << decode.gate_up_rows_per_warp
           << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m
           << " norm=" << norm
           << " norm_w=" << (norm_weight ? mgl::dtype_name(norm_w_type) : "none");
@@ -314,10 +315,15 @@ TEST_CASE("cuda moe decode: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 281
           doctest::skip(no_gpu)) {
     for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
         Case c = v2_lite_case(type, 8);  // eight blobs route six distinct experts
-        for (int64_t T : {1, 4}) {
-            c.T = T;
-            check_case(c, 1e-5);
-        }
+        for (int64_t T : {1, 4})
+            for (int rows : {1, 2, 4}) {  // the default, and every row count of both launches
+                c.T = T;
+                if (rows != 2) {
+                    c.decode.gate_up_rows_per_warp = rows == 4 ? 2 : 1;
+                    c.decode.down_rows_per_warp = rows;
+                }
+                check_case(c, 1e-5);
+            }
     }
 }
 
@@ -343,6 +349,7 @@ TEST_CASE("cuda moe decode: every kernel configuration gives the same answer" *
                         c.decode.fp8_convert = cvt;
                         c.decode.down_warps_per_row = wpr;
                         c.decode.down_rows_per_warp = rows;
+                        c.decode.gate_up_rows_per_warp = rows == 4 ? 2 : 1;
                         c.decode.gate_up_warps = wpr == 8 ? 16 : 4 * wpr;
                         c.decode.down_warps = wpr == 1 ? 4 : 8;
                         check_case(c, 1e-5);
