@@ -18,7 +18,8 @@
 // with --predict-from l_out, layer l's output (after its experts: later, closer to what layer
 // l+1 routes). D = --predict-depth (default 1). It also prints how many of the real top-k
 // experts each prediction contains, per layer and in all, next to the share the same layer's
-// experts of the previous token contain (what recency knows).
+// experts of the previous token contain (what recency knows); from ffn_inp it also checks that
+// each layer's router on its own state gives the recorded routing.
 // --chat: the text's paragraphs (blank-line separated) become alternating user / assistant
 // messages rendered with the model's chat template.
 #include <algorithm>
