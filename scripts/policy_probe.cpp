@@ -18,8 +18,21 @@
 //             (the engine reads a miss in place anyway, so a refused admission saves its copy)
 //   belady+bypass  the offline optimum when admission may be refused: on a miss, of the cached
 //             experts and the missed one, the one used again farthest in the future is left out
+// and, with --predict PRED.npy (record_routing_text --predict: for each token and MoE layer l,
+// the experts the routers of layers l+1 … l+D choose for layer l's hidden state), decay order
+// plus the experts predicted for the next `ahead` layers of the current token, known when layer
+// l's misses are served (the prediction from layer l's state; with --union also those made at
+// the token's earlier layers):
+//   protect   a predicted expert is evicted only when every unpinned slot holds one
+//   bonus     a predicted expert's decayed count is raised by --bonus before ranking
+//   oracle    protect, with the real experts of the next `ahead` layer steps in place of the
+//             predictions (what a perfect predictor would give this rule: its upper bound):
+//             the next step, the rest of the token (-token: the bound of any prediction made
+//             from the token's own states), and 1, 2, 4, 8 tokens' worth of steps (L each)
+// each also with admission (decay's rule, the victim's rank as the policy sees it).
 //
 //   policy_probe TRACE.npz [--probs PROBS.npy] [--slots 25%] [--half-life 32] [--beta 1]
+//                [--predict PRED.npy] [--bonus 2] [--union 1]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,14 +51,47 @@ using namespace minids::routing;
 
 namespace {
 
-enum class Variant { decay, distance, xlayer, soft, admit };
+enum class Variant { decay, distance, xlayer, soft, admit, protect, bonus, oracle };
 
 struct ProbeOptions {
     Variant variant = Variant::decay;
     double half_life = 32;  // visits of the expert's layer (tokens)
     double beta = 1;
     const std::vector<float>* probs = nullptr;  // [T][L][E]
+    // Predictions (Variant::protect, bonus): [T][L][depth][k], -1 past the last layer.
+    const std::vector<int16_t>* pred = nullptr;
+    int depth = 1;
+    int ahead = 1;              // how many following layers of the token are protected
+    bool admit = false;         // decay's admission with the prediction variants
+    double bonus = 2;           // Variant::bonus: added to a predicted expert's decayed count
+    bool union_ = false;        // also the predictions made at the token's earlier layers
+    bool within_token = false;  // the oracle stops at the token's last layer
 };
+
+// Marks (mark[key] = stamp) the experts predicted, when layer l of token t is served, for the
+// layers l+1 … l+ahead of the same token; the oracle marks those layers' real experts instead.
+void mark_predicted(const RoutingTrace& tr, const ProbeOptions& o, int64_t t, int l,
+                    std::vector<int64_t>& mark, int64_t stamp) {
+    const int L = tr.shape.n_moe_layers(), k = tr.shape.top_k, E = tr.shape.n_experts;
+    if (o.variant == Variant::oracle) {  // the next `ahead` layer steps, across tokens too
+        const int64_t end = o.within_token ? (t + 1) * L : tr.n_tokens * L;
+        for (int64_t i = t * L + l + 1; i <= t * L + l + o.ahead && i < end; ++i) {
+            const int m = int(i % L);
+            for (int j = 0; j < k; ++j) mark[size_t(m * E + tr.ids_at(i / L, m)[j])] = stamp;
+        }
+        return;
+    }
+    for (int m = l + 1; m <= l + o.ahead && m < L; ++m) {
+        // From layer l's state, and with union_ also from the earlier layers' states.
+        for (int from = o.union_ ? 0 : l; from <= l; ++from) {
+            const int d = m - from - 1;
+            if (d >= o.depth) continue;
+            const int16_t* p = o.pred->data() + ((size_t(t) * L + size_t(from)) * o.depth + d) * k;
+            for (int j = 0; j < k; ++j)
+                if (p[j] >= 0) mark[size_t(m * E + p[j])] = stamp;
+        }
+    }
+}
 
 double probe(const RoutingTrace& tr, int slots, const ProbeOptions& o) {
     const int L = tr.shape.n_moe_layers(), k = tr.shape.top_k, E = tr.shape.n_experts;
@@ -56,11 +102,17 @@ double probe(const RoutingTrace& tr, int slots, const ProbeOptions& o) {
     std::vector<int> slot_of(size_t(L) * E, -1), key_of(size_t(slots), -1);
     std::vector<char> pinned(size_t(slots), 0);
     std::vector<int> prev;
+    std::vector<int64_t> mark(size_t(L) * E, -1);
+    const bool predictive = o.variant == Variant::protect || o.variant == Variant::bonus ||
+                            o.variant == Variant::oracle;
+    const bool admit = o.variant == Variant::admit || (predictive && o.admit);
     int filled = 0;
-    int64_t hits = 0, accesses = 0, refused = 0;
+    int64_t hits = 0, accesses = 0, refused = 0, foreseen = 0, later_misses = 0;
     for (int64_t t = 0; t < tr.n_tokens; ++t) {
         for (int l = 0; l < L; ++l) {
             const uint16_t* ids = tr.ids_at(t, l);
+            const int64_t stamp = t * L + l;
+            if (predictive) mark_predicted(tr, o, t, l, mark, stamp);
             for (int e = 0; e < E; ++e) score[size_t(l * E + e)] *= f;
             for (int j = 0; j < k; ++j) {
                 const int key = l * E + ids[j];
@@ -71,8 +123,38 @@ double probe(const RoutingTrace& tr, int slots, const ProbeOptions& o) {
                     pinned[size_t(s)] = 1;
                     continue;
                 }
+                later_misses += l > 0;
+                if (l > 0 && !o.pred->empty()) {  // a miss the previous layer's state predicted
+                    const int16_t* p =
+                        o.pred->data() + (size_t(t) * L + size_t(l - 1)) * size_t(o.depth) * k;
+                    foreseen += std::count(p, p + k, int16_t(ids[j])) > 0;
+                }
                 if (filled < slots) {
                     s = filled++;
+                } else if (predictive) {
+                    // Lowest decayed count (plus the bonus), predicted experts last (protect).
+                    double worst = -HUGE_VAL;
+                    bool worst_marked = true;
+                    for (int c = 0; c < slots; ++c) {
+                        if (pinned[size_t(c)]) continue;
+                        const int kk = key_of[size_t(c)];
+                        const bool m = mark[size_t(kk)] == stamp;
+                        double rank = -score[size_t(kk)];
+                        if (m && o.variant == Variant::bonus) rank -= o.bonus;
+                        const bool shielded = m && o.variant != Variant::bonus;
+                        if (shielded && !worst_marked) continue;
+                        if ((!shielded && worst_marked) || rank > worst) {
+                            worst = rank;
+                            worst_marked = shielded;
+                            s = c;
+                        }
+                    }
+                    // The oracle also admits what it knows returns within its window.
+                    if (admit && mark[size_t(key)] != stamp && score[size_t(key)] + 1.0 <= -worst) {
+                        ++refused;
+                        continue;  // used in place, not cached
+                    }
+                    slot_of[size_t(key_of[size_t(s)])] = -1;
                 } else {
                     double worst = -HUGE_VAL;
                     for (int c = 0; c < slots; ++c) {
@@ -129,9 +211,16 @@ double probe(const RoutingTrace& tr, int slots, const ProbeOptions& o) {
             std::fill(pinned.begin(), pinned.end(), 0);
         }
     }
-    if (o.variant == Variant::admit)
+    if (admit)
         std::printf("  (admit: %lld of %lld misses not cached)\n", (long long)refused,
                     (long long)(accesses - hits));
+    if (!o.pred->empty())
+        std::printf(
+            "  (%lld of %lld misses predicted one layer ahead: %.1f %%; %.1f %% of the %lld "
+            "misses past the first layer)\n",
+            (long long)foreseen, (long long)(accesses - hits),
+            100.0 * double(foreseen) / double(accesses - hits),
+            100.0 * double(foreseen) / double(later_misses), (long long)later_misses);
     return double(hits) / double(accesses);
 }
 
@@ -207,6 +296,20 @@ std::vector<float> read_probs(const std::string& path, const RoutingTrace& tr) {
     return p;
 }
 
+std::vector<int16_t> read_predictions(const std::string& path, const RoutingTrace& tr, int& depth) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> raw((std::istreambuf_iterator<char>(in)), {});
+    const auto* b = reinterpret_cast<const std::byte*>(raw.data());
+    const NpyView v = parse_npy({b, raw.size()}, path);
+    if (v.descr != "<i2" || v.shape.size() != 4 || v.shape[0] != tr.n_tokens ||
+        v.shape[1] != tr.shape.n_moe_layers() || v.shape[3] != tr.shape.top_k)
+        throw TraceError(path + ": expected <i2 [T, L, D, k] matching the trace");
+    depth = int(v.shape[2]);
+    std::vector<int16_t> p(size_t(v.n_elements()));
+    std::memcpy(p.data(), v.data.data(), p.size() * 2);
+    return p;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,7 +321,7 @@ int main(int argc, char** argv) {
     }
     try {
         const RoutingTrace tr = read_trace(argv[1]);
-        std::string probs_path, slots_arg = "25%";
+        std::string probs_path, pred_path, slots_arg = "25%";
         ProbeOptions o;
         for (int i = 2; i + 1 < argc; i += 2) {
             const std::string a = argv[i];
@@ -226,6 +329,9 @@ int main(int argc, char** argv) {
             if (a == "--slots") slots_arg = argv[i + 1];
             if (a == "--half-life") o.half_life = std::atof(argv[i + 1]);
             if (a == "--beta") o.beta = std::atof(argv[i + 1]);
+            if (a == "--predict") pred_path = argv[i + 1];
+            if (a == "--bonus") o.bonus = std::atof(argv[i + 1]);
+            if (a == "--union") o.union_ = std::atoi(argv[i + 1]) != 0;
         }
         const int keys = tr.shape.n_moe_layers() * tr.shape.n_experts;
         const int slots = slots_arg.back() == '%'
@@ -234,6 +340,9 @@ int main(int argc, char** argv) {
         std::vector<float> probs;
         if (!probs_path.empty()) probs = read_probs(probs_path, tr);
         o.probs = &probs;
+        std::vector<int16_t> pred;
+        if (!pred_path.empty()) pred = read_predictions(pred_path, tr, o.depth);
+        o.pred = &pred;
 
         CacheConfig c;
         c.n_slots = slots;
@@ -242,10 +351,39 @@ int main(int argc, char** argv) {
         c.policy = Policy::decay;
         c.decay_half_life = o.half_life * tr.shape.top_k;
         const double decay = simulate(tr, c).hit_rate();
+        c.policy = Policy::belady;
+        c.admit = Admission::frequency;
+        const double belady_admit = simulate(tr, c).hit_rate();
         std::printf(
-            "%s: %d of %d slots; belady %.3f, belady+bypass %.3f, routing::DecayPolicy "
-            "%.3f\n",
-            argv[1], slots, keys, belady, belady_bypass(tr, slots), decay);
+            "%s: %d of %d slots; belady %.3f, belady+admit %.3f, belady+bypass %.3f, "
+            "routing::DecayPolicy %.3f\n",
+            argv[1], slots, keys, belady, belady_admit, belady_bypass(tr, slots), decay);
+        if (!pred.empty()) {
+            // Decay with the predictions, each rule with and without admission; `ahead` up to
+            // the depth recorded (the oracle to 2 whatever the depth).
+            for (bool adm : {false, true}) {
+                o.admit = adm;
+                for (auto [v, name] : {std::pair{Variant::protect, "protect"},
+                                       {Variant::bonus, "bonus"},
+                                       {Variant::oracle, "oracle"}}) {
+                    // The oracle: the next layer step; the rest of the token ("-token", the
+                    // bound of any prediction from the token's own states); 1, 2, 4, 8 tokens.
+                    const int L = tr.shape.n_moe_layers();
+                    for (int ahead : {1, 2, 3, 4, -1, L, 2 * L, 4 * L, 8 * L}) {
+                        if (v != Variant::oracle && (ahead > o.depth || ahead < 0)) continue;
+                        if (v == Variant::oracle && ahead > 1 && ahead < L) continue;
+                        o.variant = v;
+                        o.within_token = ahead < 0;
+                        o.ahead = ahead < 0 ? L : ahead;
+                        const double h = probe(tr, slots, o);
+                        const std::string a = ahead < 0 ? "token" : std::to_string(ahead);
+                        std::printf("  %s-%s%s %.3f (%+.1f pt vs belady%s)\n", name, a.c_str(),
+                                    adm ? "+admit" : "", h,
+                                    100 * (h - (adm ? belady_admit : belady)), adm ? "+admit" : "");
+                    }
+                }
+            }
+        }
         for (auto [v, name] : {std::pair{Variant::decay, "decay"},
                                {Variant::distance, "distance"},
                                {Variant::xlayer, "xlayer"},

@@ -3,7 +3,10 @@
 // paged latent cache.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "model_reference.h"
 #include "model_test_util.h"
@@ -193,4 +196,49 @@ TEST_CASE("model: FP8 experts stay close to the reference") {
             << forced_agree << "/" << total << ", identical free-running prefixes " << prefix_total
             << "/" << total);
     CHECK(forced_agree * 10 >= total * 8);
+}
+
+TEST_CASE("model: a layer's router applied to its own FFN input gives the forward's routing") {
+    // build_routing_prediction is the prefetch's prediction (a later layer's router on an
+    // earlier state); on the layer's own state it must reproduce what the forward routed.
+    TestModel m = open_test_model(converted_fixture(mgl::dtype::bf16));
+    FixtureReference ref = load_fixture_reference();
+    const auto& prompt = ref.prompts[1];
+    const ModelConfig& c = m.model->config();
+    const int64_t T = int64_t(prompt.size()), D = c.hidden_size, k = c.num_experts_per_tok;
+    Session s(*m.model, *m.backend, small_session());
+    std::map<std::string, std::vector<float>> seen;
+    TensorObserver obs = [&](const mgl::tensor& t, std::span<const float> v) {
+        if (t.name.rfind("ffn_inp-", 0) == 0 || t.name.rfind("expert_ids-", 0) == 0)
+            seen[t.name].assign(v.begin(), v.end());
+    };
+    s.eval(prompt, false, &obs);
+    REQUIRE(!m.model->moe_layers().empty());
+    for (int64_t il : m.model->moe_layers()) {
+        mgl::context ctx;
+        mgl::tensor* h = ctx.new_tensor(mgl::dtype::f32, {T, D}, "h");
+        mgl::buffer_ptr in = m.backend->alloc_buffer(mgl::nbytes(*h));
+        mgl::bind(*h, *in, 0);
+        const auto& state = seen.at("ffn_inp-" + std::to_string(il));
+        REQUIRE(state.size() == size_t(T * D));
+        m.backend->upload(*h, state.data(), 0, mgl::nbytes(*h));
+        mgl::tensor* ids = m.model->build_routing_prediction(ctx, il, h);
+        CHECK(ids->name == "predicted_ids-" + std::to_string(il));
+        mgl::graph g = mgl::build_graph(ctx, {ids});
+        m.backend->allocate(g);
+        m.backend->compute(g);
+        m.backend->synchronize();
+        std::vector<int32_t> got(size_t(T * k));
+        m.backend->download(*ids, got.data(), 0, got.size() * sizeof(int32_t));
+        const auto& want = seen.at("expert_ids-" + std::to_string(il));
+        INFO("layer " << il);
+        CHECK(std::equal(got.begin(), got.end(), want.begin(),
+                         [](int32_t a, float b) { return a == int32_t(b); }));
+    }
+    for (int64_t il = 0; il < c.num_hidden_layers; ++il) {
+        if (c.is_moe_layer(il)) continue;
+        mgl::context ctx;
+        mgl::tensor* h = ctx.new_tensor(mgl::dtype::f32, {T, D}, "h");
+        CHECK_THROWS_AS(m.model->build_routing_prediction(ctx, il, h), mgl::error);
+    }
 }

@@ -299,6 +299,24 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
     return named(mgl::matmul(ctx, o, L.wo), "attn_out", il);  // [T, D]
 }
 
+mgl::tensor* Deepseek2Model::build_router(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
+                                          mgl::tensor* x, mgl::tensor*& probs) const {
+    mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
+    probs = named(mgl::softmax(ctx, logits), "router_probs", il);                     // [T, E]
+    return named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);                // [T, k] i32
+}
+
+mgl::tensor* Deepseek2Model::build_routing_prediction(mgl::context& ctx, int64_t il,
+                                                      mgl::tensor* h) const {
+    MGL_CHECK(il >= 0 && il < cfg_.num_hidden_layers && layers_[size_t(il)].is_moe,
+              "routing prediction: layer " + std::to_string(il) + " is not a MoE layer");
+    const Deepseek2Layer& L = layers_[size_t(il)];
+    mgl::tensor* x =
+        named(mgl::rms_norm(ctx, h, L.ffn_norm, float(cfg_.rms_norm_eps)), "predicted_norm", il);
+    mgl::tensor* probs = nullptr;
+    return named(build_router(ctx, L, il, x, probs), "predicted_ids", il);
+}
+
 mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
                                        mgl::tensor* x, const ForwardBatch& batch, size_t moe_index,
                                        ForwardResult& result) const {
@@ -308,9 +326,8 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
         mgl::tensor* act = named(mgl::swiglu(ctx, gate, up), "ffn_act", il);
         return named(mgl::matmul(ctx, act, L.ffn_down), "ffn_out", il);  // [T, D]
     }
-    mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
-    mgl::tensor* probs = named(mgl::softmax(ctx, logits), "router_probs", il);        // [T, E]
-    mgl::tensor* ids = named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);    // [T, k] i32
+    mgl::tensor* probs = nullptr;
+    mgl::tensor* ids = build_router(ctx, L, il, x, probs);  // [T, k] i32
     mgl::tensor* w =
         named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);  // [T, k]
     result.router_ids.push_back(ids);

@@ -95,6 +95,12 @@ public:
     // Records the forward for `batch` into `ctx`: writes the batch's c and k_pe into the cache
     // at its positions and returns the logits and the routers' choices.
     ForwardResult build_forward(mgl::context& ctx, const ForwardBatch& batch) const;
+    // The experts MoE layer `il`'s router chooses for the residual stream `h` [T, D] (what enters
+    // a layer's FFN block, before the norm): layer il's post_attention_layernorm, router, softmax
+    // and top-k, the ops the forward routes with. Applied to an earlier layer's state it predicts
+    // layer il's experts before that layer runs (the prefetch of issue 10;
+    // scripts/record_routing_text.cpp --predict measures how well). Returns ids [T, k] i32.
+    mgl::tensor* build_routing_prediction(mgl::context& ctx, int64_t il, mgl::tensor* h) const;
 
 private:
     mgl::tensor* weight(const std::string& name, std::vector<int64_t> shape);
@@ -105,6 +111,9 @@ private:
 
     mgl::tensor* build_attention(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
                                  mgl::tensor* x, const ForwardBatch& batch) const;
+    // Router of layer L for the normed FFN input x: ids [T, k] i32, and probs [T, E].
+    mgl::tensor* build_router(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
+                              mgl::tensor* x, mgl::tensor*& probs) const;
     mgl::tensor* build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x,
                            const ForwardBatch& batch, size_t moe_index,
                            ForwardResult& result) const;
