@@ -167,63 +167,82 @@ TEST_CASE("cuda rope matches double reference (strided, in place, YaRN)" * docte
     MESSAGE("rope: " << cases << " cases, worst relative L2 " << worst << " (bound 1e-6)");
 }
 
+// Strided rows at an offset, through both kernels: the fast one takes 16-byte aligned rows
+// (strides and offset multiples of 4 floats, dim % 4 == 0), the general one everything else.
 TEST_CASE("cuda rms_norm: strided rows, f32 / bf16 / no weight, in place" * doctest::skip(no_gpu)) {
-    const int64_t rows = 6, dim = 512 + 13, xs = dim + 7;
-    for (int wkind = 0; wkind < 3; ++wkind)
-        for (bool in_place : {false, true}) {
-            INFO("weight ",
-                 (wkind == 0   ? "none"
-                  : wkind == 1 ? "bf16"
-                               : "f32"),
-                 ", in place ", in_place);
-            const auto x = test::random_floats(size_t(rows * xs), 50 + uint64_t(wkind), -3, 3);
-            const auto wf = test::random_floats(size_t(dim), 60 + uint64_t(wkind));
-            std::vector<uint16_t> w16(static_cast<size_t>(dim));
-            std::vector<double> wd(size_t(dim), 1.0);
-            for (size_t i = 0; i < w16.size(); ++i) {
-                w16[i] = mgl::f32_to_bf16(wf[i]);
-                if (wkind == 1) wd[i] = mgl::bf16_to_f32(w16[i]);
-                if (wkind == 2) wd[i] = wf[i];
+    struct Layout {
+        int64_t dim, xs, ys, off;  // row strides of x and y (y: when not in place), base offset
+    };
+    const Layout layouts[] = {
+        {512 + 13, 512 + 20, 512 + 18, 0},  // general: dim % 4 != 0
+        {512, 516, 520, 0},                 // fast
+        {512, 514, 516, 0},                 // general: x stride not a multiple of 4
+        {512, 516, 516, 1},                 // general: rows 4 bytes off alignment
+        {2048, 2056, 2052, 4},              // fast, rows 16 bytes into the buffers
+    };
+    const int64_t rows = 6;
+    for (const Layout& l : layouts)
+        for (int wkind = 0; wkind < 3; ++wkind)
+            for (bool in_place : {false, true}) {
+                const int64_t dim = l.dim, xs = l.xs, off = l.off, ys = in_place ? xs : l.ys;
+                INFO("dim ", dim, ", strides ", xs, " / ", ys, ", offset ", off, ", weight ",
+                     (wkind == 0   ? "none"
+                      : wkind == 1 ? "bf16"
+                                   : "f32"),
+                     ", in place ", in_place);
+                const auto x = test::random_floats(size_t(off + rows * xs),
+                                                   50 + uint64_t(wkind + 3 * dim), -3, 3);
+                const auto wf = test::random_floats(size_t(dim), 60 + uint64_t(wkind));
+                std::vector<uint16_t> w16(static_cast<size_t>(dim));
+                std::vector<double> wd(size_t(dim), 1.0);
+                for (size_t i = 0; i < w16.size(); ++i) {
+                    w16[i] = mgl::f32_to_bf16(wf[i]);
+                    if (wkind == 1) wd[i] = mgl::bf16_to_f32(w16[i]);
+                    if (wkind == 2) wd[i] = wf[i];
+                }
+                std::vector<double> ref(size_t(rows * dim));
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float* xr = &x[size_t(off + r * xs)];
+                    double ss = 0;
+                    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+                    const double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
+                    for (int64_t i = 0; i < dim; ++i)
+                        ref[size_t(r * dim + i)] = wd[size_t(i)] * xr[i] * inv;
+                }
+                test::DevBuf<float> d_x(x), d_wf(wf);
+                test::DevBuf<float> d_y(std::vector<float>(size_t(off + rows * ys), NAN));
+                test::DevBuf<uint16_t> d_w16(w16);
+                kernels::RmsNormParams p;
+                p.x = d_x.ptr + off;
+                p.x_stride = xs;
+                p.y = (in_place ? d_x.ptr : d_y.ptr) + off;
+                p.y_stride = ys;
+                p.rows = rows;
+                p.dim = dim;
+                p.eps = 1e-6f;
+                p.w = wkind == 0   ? nullptr
+                      : wkind == 1 ? static_cast<const void*>(d_w16.ptr)
+                                   : d_wf.ptr;
+                p.w_type = wkind == 2 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                kernels::rms_norm(p, nullptr);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                const auto out = in_place ? d_x.download() : d_y.download();
+                std::vector<float> got(ref.size());
+                // Everything but the rows' first dim elements keeps its value (x's or NaN).
+                std::vector<bool> written(out.size(), false);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t i = 0; i < dim; ++i) {
+                        const size_t at = size_t(off + r * ys + i);
+                        got[size_t(r * dim + i)] = out[at];
+                        written[at] = true;
+                    }
+                int64_t gaps_changed = 0;
+                for (size_t i = 0; i < out.size(); ++i)
+                    if (!written[i])
+                        gaps_changed += in_place ? out[i] != x[i] : !std::isnan(out[i]);
+                CHECK(gaps_changed == 0);
+                CHECK(test::relative_l2(got, ref) < 1e-6);
             }
-            const int64_t ys = in_place ? xs : dim + 5;
-            std::vector<double> ref(size_t(rows * dim));
-            for (int64_t r = 0; r < rows; ++r) {
-                double ss = 0;
-                for (int64_t i = 0; i < dim; ++i)
-                    ss += double(x[size_t(r * xs + i)]) * x[size_t(r * xs + i)];
-                const double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
-                for (int64_t i = 0; i < dim; ++i)
-                    ref[size_t(r * dim + i)] = wd[size_t(i)] * x[size_t(r * xs + i)] * inv;
-            }
-            test::DevBuf<float> d_x(x), d_wf(wf), d_y(std::vector<float>(size_t(rows * ys), NAN));
-            test::DevBuf<uint16_t> d_w16(w16);
-            kernels::RmsNormParams p;
-            p.x = d_x.ptr;
-            p.x_stride = xs;
-            p.y = in_place ? d_x.ptr : d_y.ptr;
-            p.y_stride = ys;
-            p.rows = rows;
-            p.dim = dim;
-            p.eps = 1e-6f;
-            p.w = wkind == 0   ? nullptr
-                  : wkind == 1 ? static_cast<const void*>(d_w16.ptr)
-                               : d_wf.ptr;
-            p.w_type = wkind == 2 ? mgl::dtype::f32 : mgl::dtype::bf16;
-            kernels::rms_norm(p, nullptr);
-            CUDA_CHECK(cudaDeviceSynchronize());
-            const auto out = in_place ? d_x.download() : d_y.download();
-            std::vector<float> got(ref.size());
-            int64_t gaps_changed = 0;
-            for (int64_t r = 0; r < rows; ++r) {
-                for (int64_t i = 0; i < dim; ++i)
-                    got[size_t(r * dim + i)] = out[size_t(r * ys + i)];
-                for (int64_t i = dim; i < ys && r * ys + i < int64_t(out.size()); ++i)
-                    gaps_changed += in_place ? out[size_t(r * ys + i)] != x[size_t(r * ys + i)]
-                                             : !std::isnan(out[size_t(r * ys + i)]);
-            }
-            CHECK(gaps_changed == 0);
-            CHECK(test::relative_l2(got, ref) < 1e-6);
-        }
 }
 
 namespace {
