@@ -64,8 +64,8 @@ Params with_pdl(Params p, const exec_env& env) {
 }
 
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
-// a node. rms_norm reads its norm weight before its PDL wait, so it launches dependent only when
-// the weight is such data (a weight a node computes could still be in flight).
+// a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
+// dependent only when the weight is such data (a weight a node computes could still be in flight).
 bool caller_data(const tensor* t) {
     while (t && t->op_kind == op::view) t = t->src[0];
     return !t || t->op_kind == op::none;
@@ -300,8 +300,12 @@ launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
         p.k_pe_out = f32_data(g.k_rope);
         p.k_pe_out_stride = rope;
     }
-    return {"mla_prep", g.run_at,
-            [p](const exec_env& env) { kn::mla_prep(with_pdl(p, env), env.stream); }};
+    const bool pdl_ok = caller_data(g.kv_norm->src[1]);
+    return {"mla_prep", g.run_at, [p, pdl_ok](const exec_env& env) {
+                kn::MlaPrepParams q = with_pdl(p, env);
+                q.pdl = q.pdl && pdl_ok;
+                kn::mla_prep(q, env.stream);
+            }};
 }
 
 // ---------------------------------------------------------------------------------------------
