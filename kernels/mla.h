@@ -174,7 +174,10 @@ struct MlaPrepParams {
     int64_t c_out_stride = 0;
     float* k_pe_out = nullptr;  // optional [T, rope], row stride k_pe_out_stride
     int64_t k_pe_out_stride = 0;
-    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
+    // Launched dependent on the previous kernel (dependent_launch.cuh). kv_norm_w and inv_freq
+    // may be read before that kernel has completed (everything else only after): set it only when
+    // no kernel still running writes them (model weights and rope tables: none does).
+    bool pdl = false;
 };
 void mla_prep(const MlaPrepParams& p, cudaStream_t stream);
 

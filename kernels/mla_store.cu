@@ -5,6 +5,7 @@
 
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
+#include "fast_divisor.h"
 #include "mla_internal.cuh"
 
 namespace minids::kernels {
@@ -64,9 +65,145 @@ constexpr int prep_threads = 256;
 struct PrepArgs {
     StoreArgs s;
     MlaPrepParams p;
+    // Fast kernel only: divisors by page_size (pos -> page) and by rope / 2 (thread -> head
+    // group and pair), and the number of head groups, prep_threads / (rope / 2).
+    FastDivisor page_div, half_div;
+    int32_t head_groups;
 };
 
-// One block per token: rms_norm(c), rope(k_pe), both into the cache row, rope(q_pe) per head.
+// The fast kernel's fixed work per thread: latent values c (up to prep_fast_r_per_thread, so
+// r <= 1024), and QN (head, pair) items of q_pe.
+constexpr int prep_fast_r_per_thread = 4;
+constexpr int prep_fast_max_qn = 16;
+
+// Fused prep at decode, for latency: at batch 1 it moves ~12 KiB (V2-Lite) and its time is the
+// chain of dependent memory round trips and barriers. Thread k owns fixed work, known before the
+// PDL wait: c[k + 256·j] (j < 4), rope pair i = k % half of heads g, g + G, ... (QN of them; g = k
+// / half, G = 256 / half head groups) and, when g = 0, pair i of k_pe. The constants (norm weight,
+// inv_freq) are loaded before the wait; after it every load of the thread (position, kv, q_pe,
+// and the page-table entry once the position is in) goes out at once, each thread computes the
+// cos/sin of its own pair (no shared table, no barrier for it), and the one barrier of the
+// kernel is the sum of squares of c. All loads precede that barrier and all stores follow it, so
+// outputs may alias inputs (q_pe in place). Unused slots load an in-bounds element and drop it:
+// the loads are unconditional and none waits behind a branch.
+template <typename PageT, int QN>
+__global__ void __launch_bounds__(prep_threads) mla_prep_fast_kernel(const PrepArgs args) {
+    constexpr int RN = prep_fast_r_per_thread;
+    const StoreArgs& s = args.s;
+    const MlaPrepParams& p = args.p;
+    const int tid = int(threadIdx.x);
+    const int64_t t = blockIdx.x;
+    const int r = s.r, H = int(p.H);
+    int g, i;  // head group and rope pair of this thread
+    args.half_div.divmod(tid, g, i);
+    const int G = args.head_groups;
+    const bool rotates = g < G && g < H;  // has a q_pe pair (g = 0: also the k_pe pair)
+
+    pdl_launch_dependents();
+    // Model constants, written by no kernel of a step (MlaPrepParams::pdl): read before the wait.
+    float wv[RN];
+#pragma unroll
+    for (int j = 0; j < RN; ++j) wv[j] = 1.f;
+    if (p.kv_norm_w) {
+        const bool w_f32 = p.kv_norm_w_type == mgl::dtype::f32;
+#pragma unroll
+        for (int j = 0; j < RN; ++j) {
+            const int c = tid + j * prep_threads, cc = c < r ? c : 0;
+            const float l =
+                w_f32 ? __ldg(static_cast<const float*>(p.kv_norm_w) + cc)
+                      : __bfloat162float(static_cast<const __nv_bfloat16*>(p.kv_norm_w)[cc]);
+            if (c < r) wv[j] = l;
+        }
+    }
+    const float freq = __ldg(p.inv_freq + i);  // i < rope / 2 for every thread
+
+    pdl_wait();
+    const int32_t pos = p.positions[t];
+    const float* kv = p.kv + t * p.kv_stride;
+    float x[RN];
+#pragma unroll
+    for (int j = 0; j < RN; ++j) {
+        const int c = tid + j * prep_threads;
+        const float l = kv[c < r ? c : 0];
+        x[j] = c < r ? l : 0.f;
+    }
+    const float ka = kv[r + 2 * i], kb = kv[r + 2 * i + 1];
+    float qa[QN], qb[QN];
+#pragma unroll
+    for (int k = 0; k < QN; ++k) {
+        const int h = g + k * G;
+        const float* q = p.q_pe_in + t * p.q_pe_in_stride_t +
+                         int64_t(rotates && h < H ? h : 0) * p.q_pe_in_stride_h + 2 * i;
+        qa[k] = q[0];
+        qb[k] = q[1];
+    }
+    // The cache row: cache_row's checks, with pos / page_size by multiplication.
+    int64_t row = -1;
+    if (pos >= 0) {
+        int32_t logical, offset;
+        args.page_div.divmod(pos, logical, offset);
+        if (logical < s.max_pages) {
+            const int32_t phys = s.page_table[logical];
+            if (phys >= 0 && phys < s.n_pages) row = int64_t(phys) * s.page_size + offset;
+        }
+    }
+    // cos and sin of this thread's pair, double precision as in rope.h (same numbers).
+    float cs = 0.f, sn = 0.f;
+    if (rotates) {
+        double sd, cd;
+        sincos(double(float(pos) * freq), &sd, &cd);
+        cs = float(cd) * p.attn_factor;
+        sn = float(sd) * p.attn_factor;
+    }
+
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < RN; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    __shared__ __align__(16) float partial[prep_threads / 32];
+    if (tid % 32 == 0) partial[tid / 32] = ss;
+    __syncthreads();
+    const float4 pa = reinterpret_cast<const float4*>(partial)[0];
+    const float4 pb = reinterpret_cast<const float4*>(partial)[1];
+    const float total = ((pa.x + pa.y) + (pa.z + pa.w)) + ((pb.x + pb.y) + (pb.z + pb.w));
+    const float inv = 1.0f / sqrtf(total / float(r) + p.eps);
+
+    PageT* dst = row < 0 ? nullptr : static_cast<PageT*>(s.pages) + row * (r + s.rope);
+#pragma unroll
+    for (int j = 0; j < RN; ++j) {
+        const int c = tid + j * prep_threads;
+        if (c < r) {
+            const float v = wv[j] * (x[j] * inv);
+            if (dst) store_elem(dst + c, v);
+            if (p.c_out) p.c_out[t * p.c_out_stride + c] = v;
+        }
+    }
+    if (g == 0) {
+        const float a = ka * cs - kb * sn, b = ka * sn + kb * cs;
+        if (dst) {
+            store_elem(dst + r + 2 * i, a);
+            store_elem(dst + r + 2 * i + 1, b);
+        }
+        if (p.k_pe_out) {
+            p.k_pe_out[t * p.k_pe_out_stride + 2 * i] = a;
+            p.k_pe_out[t * p.k_pe_out_stride + 2 * i + 1] = b;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < QN; ++k) {
+        const int h = g + k * G;
+        if (rotates && h < H) {
+            float* o =
+                p.q_pe_out + t * p.q_pe_out_stride_t + int64_t(h) * p.q_pe_out_stride_h + 2 * i;
+            o[0] = qa[k] * cs - qb[k] * sn;
+            o[1] = qa[k] * sn + qb[k] * cs;
+        }
+    }
+}
+
+// Any shape (r > 1024, rope = 0, or more heads than the fast kernel holds): one block per token,
+// rms_norm(c), rope(k_pe), both into the cache row, rope(q_pe) per head.
 template <typename PageT, typename W>
 __global__ void __launch_bounds__(prep_threads) mla_prep_kernel(const PrepArgs args) {
     pdl_enter();
@@ -160,13 +297,34 @@ void mla_prep(const MlaPrepParams& p, cudaStream_t stream) {
                     std::string("mla_prep: kv_norm_w must be bf16 or f32, got ") +
                         mgl::dtype_name(p.kv_norm_w_type));
     if (p.T == 0) return;
-    const PrepArgs args{s, p};
+    PrepArgs args{s, p, FastDivisor(s.page_size), FastDivisor(1), 0};
     const bool page_bf16 = p.cache.type == mgl::dtype::bf16;
     const bool w_f32 = p.kv_norm_w_type == mgl::dtype::f32;
-    auto kernel =
+    void (*kernel)(PrepArgs) =
         page_bf16 ? (w_f32 ? mla_prep_kernel<__nv_bfloat16, float>
                            : mla_prep_kernel<__nv_bfloat16, __nv_bfloat16>)
                   : (w_f32 ? mla_prep_kernel<float, float> : mla_prep_kernel<float, __nv_bfloat16>);
+    // The fast kernel: c in at most 4 values per thread, and every (head, pair) of q_pe in at most
+    // 16 items per thread (QN rounded up to a power of two; unused items are predicated off).
+    const int half = s.rope / 2;
+    if (half > 0 && s.r <= prep_threads * prep_fast_r_per_thread) {
+        const int groups = prep_threads / half;
+        const int64_t qn = (p.H + groups - 1) / groups;
+        if (qn <= prep_fast_max_qn) {
+            args.half_div = FastDivisor(half);
+            args.head_groups = groups;
+            if (page_bf16)
+                kernel = qn <= 2   ? mla_prep_fast_kernel<__nv_bfloat16, 2>
+                         : qn <= 4 ? mla_prep_fast_kernel<__nv_bfloat16, 4>
+                         : qn <= 8 ? mla_prep_fast_kernel<__nv_bfloat16, 8>
+                                   : mla_prep_fast_kernel<__nv_bfloat16, 16>;
+            else
+                kernel = qn <= 2   ? mla_prep_fast_kernel<float, 2>
+                         : qn <= 4 ? mla_prep_fast_kernel<float, 4>
+                         : qn <= 8 ? mla_prep_fast_kernel<float, 8>
+                                   : mla_prep_fast_kernel<float, 16>;
+        }
+    }
     launch_maybe_dependent(kernel, dim3(unsigned(p.T)), dim3(prep_threads), 0, stream, p.pdl, args);
 }
 

@@ -19,7 +19,10 @@ struct RmsNormParams {
     mgl::dtype w_type = mgl::dtype::bf16;  // bf16 or f32
     int64_t x_stride = 0;                  // elements; 0: dim (contiguous rows)
     int64_t y_stride = 0;                  // elements; 0: dim
-    bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
+    // Launched dependent on the previous kernel (dependent_launch.cuh). x is read and y written
+    // only after that kernel has completed, but w may be read before: set it only when no kernel
+    // still running writes w (model weights: none does).
+    bool pdl = false;
 };
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream);

@@ -182,9 +182,17 @@ TEST_CASE("cuda rms_norm: f32, bf16 or no weight; sliced and permuted (staged) i
             mgl::tensor* w16 = s.random(dtype::bf16, {50}, 73);
             mgl::tensor* x3 =
                 mgl::permute(s.ctx, s.random(dtype::f32, {3, 4, 40}, 74, -2.0f, 2.0f), {1, 0, 2});
+            // Rows the kernel's fast path takes (dim % 4 == 0, 16-byte aligned rows): V2-Lite's
+            // hidden size, and 128 of 132 columns from column 4.
+            mgl::tensor* wide = s.random(dtype::f32, {3, 2048}, 75, -3.0f, 3.0f);
+            mgl::tensor* w2048 = s.random(dtype::bf16, {2048}, 76);
+            mgl::tensor* x132 = s.random(dtype::f32, {5, 132}, 77, -3.0f, 3.0f);
+            mgl::tensor* w128 = s.random(dtype::f32, {128}, 78);
             return {mgl::rms_norm(s.ctx, x, w32, 1e-6f),
                     mgl::rms_norm(s.ctx, mgl::slice(s.ctx, x, 1, 47, 50), w16, 1e-5f),
-                    mgl::rms_norm(s.ctx, x3, nullptr, 1e-6f)};
+                    mgl::rms_norm(s.ctx, x3, nullptr, 1e-6f),
+                    mgl::rms_norm(s.ctx, wide, w2048, 1e-6f),
+                    mgl::rms_norm(s.ctx, mgl::slice(s.ctx, x132, 1, 4, 128), w128, 1e-6f)};
         },
         {fp32}, &log);
     MESSAGE(log.str());

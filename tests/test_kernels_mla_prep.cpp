@@ -167,72 +167,95 @@ TEST_CASE("cuda rope matches double reference (strided, in place, YaRN)" * docte
     MESSAGE("rope: " << cases << " cases, worst relative L2 " << worst << " (bound 1e-6)");
 }
 
+// Strided rows at an offset, through both kernels: the fast one takes 16-byte aligned rows
+// (strides and offset multiples of 4 floats, dim % 4 == 0), the general one everything else.
 TEST_CASE("cuda rms_norm: strided rows, f32 / bf16 / no weight, in place" * doctest::skip(no_gpu)) {
-    const int64_t rows = 6, dim = 512 + 13, xs = dim + 7;
-    for (int wkind = 0; wkind < 3; ++wkind)
-        for (bool in_place : {false, true}) {
-            INFO("weight ",
-                 (wkind == 0   ? "none"
-                  : wkind == 1 ? "bf16"
-                               : "f32"),
-                 ", in place ", in_place);
-            const auto x = test::random_floats(size_t(rows * xs), 50 + uint64_t(wkind), -3, 3);
-            const auto wf = test::random_floats(size_t(dim), 60 + uint64_t(wkind));
-            std::vector<uint16_t> w16(static_cast<size_t>(dim));
-            std::vector<double> wd(size_t(dim), 1.0);
-            for (size_t i = 0; i < w16.size(); ++i) {
-                w16[i] = mgl::f32_to_bf16(wf[i]);
-                if (wkind == 1) wd[i] = mgl::bf16_to_f32(w16[i]);
-                if (wkind == 2) wd[i] = wf[i];
+    struct Layout {
+        int64_t dim, xs, ys, off;  // row strides of x and y (y: when not in place), base offset
+    };
+    const Layout layouts[] = {
+        {512 + 13, 512 + 20, 512 + 18, 0},  // general: dim % 4 != 0
+        {512, 516, 520, 0},                 // fast
+        {512, 514, 516, 0},                 // general: x stride not a multiple of 4
+        {512, 516, 516, 1},                 // general: rows 4 bytes off alignment
+        {2048, 2056, 2052, 4},              // fast, rows 16 bytes into the buffers
+    };
+    const int64_t rows = 6;
+    for (const Layout& l : layouts)
+        for (int wkind = 0; wkind < 3; ++wkind)
+            for (bool in_place : {false, true}) {
+                const int64_t dim = l.dim, xs = l.xs, off = l.off, ys = in_place ? xs : l.ys;
+                INFO("dim ", dim, ", strides ", xs, " / ", ys, ", offset ", off, ", weight ",
+                     (wkind == 0   ? "none"
+                      : wkind == 1 ? "bf16"
+                                   : "f32"),
+                     ", in place ", in_place);
+                const auto x = test::random_floats(size_t(off + rows * xs),
+                                                   50 + uint64_t(wkind + 3 * dim), -3, 3);
+                const auto wf = test::random_floats(size_t(dim), 60 + uint64_t(wkind));
+                std::vector<uint16_t> w16(static_cast<size_t>(dim));
+                std::vector<double> wd(size_t(dim), 1.0);
+                for (size_t i = 0; i < w16.size(); ++i) {
+                    w16[i] = mgl::f32_to_bf16(wf[i]);
+                    if (wkind == 1) wd[i] = mgl::bf16_to_f32(w16[i]);
+                    if (wkind == 2) wd[i] = wf[i];
+                }
+                std::vector<double> ref(size_t(rows * dim));
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float* xr = &x[size_t(off + r * xs)];
+                    double ss = 0;
+                    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+                    const double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
+                    for (int64_t i = 0; i < dim; ++i)
+                        ref[size_t(r * dim + i)] = wd[size_t(i)] * xr[i] * inv;
+                }
+                test::DevBuf<float> d_x(x), d_wf(wf);
+                test::DevBuf<float> d_y(std::vector<float>(size_t(off + rows * ys), NAN));
+                test::DevBuf<uint16_t> d_w16(w16);
+                kernels::RmsNormParams p;
+                p.x = d_x.ptr + off;
+                p.x_stride = xs;
+                p.y = (in_place ? d_x.ptr : d_y.ptr) + off;
+                p.y_stride = ys;
+                p.rows = rows;
+                p.dim = dim;
+                p.eps = 1e-6f;
+                p.w = wkind == 0   ? nullptr
+                      : wkind == 1 ? static_cast<const void*>(d_w16.ptr)
+                                   : d_wf.ptr;
+                p.w_type = wkind == 2 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                kernels::rms_norm(p, nullptr);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                const auto out = in_place ? d_x.download() : d_y.download();
+                std::vector<float> got(ref.size());
+                // Everything but the rows' first dim elements keeps its value (x's or NaN).
+                std::vector<bool> written(out.size(), false);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t i = 0; i < dim; ++i) {
+                        const size_t at = size_t(off + r * ys + i);
+                        got[size_t(r * dim + i)] = out[at];
+                        written[at] = true;
+                    }
+                int64_t gaps_changed = 0;
+                for (size_t i = 0; i < out.size(); ++i)
+                    if (!written[i])
+                        gaps_changed += in_place ? out[i] != x[i] : !std::isnan(out[i]);
+                CHECK(gaps_changed == 0);
+                CHECK(test::relative_l2(got, ref) < 1e-6);
             }
-            const int64_t ys = in_place ? xs : dim + 5;
-            std::vector<double> ref(size_t(rows * dim));
-            for (int64_t r = 0; r < rows; ++r) {
-                double ss = 0;
-                for (int64_t i = 0; i < dim; ++i)
-                    ss += double(x[size_t(r * xs + i)]) * x[size_t(r * xs + i)];
-                const double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
-                for (int64_t i = 0; i < dim; ++i)
-                    ref[size_t(r * dim + i)] = wd[size_t(i)] * x[size_t(r * xs + i)] * inv;
-            }
-            test::DevBuf<float> d_x(x), d_wf(wf), d_y(std::vector<float>(size_t(rows * ys), NAN));
-            test::DevBuf<uint16_t> d_w16(w16);
-            kernels::RmsNormParams p;
-            p.x = d_x.ptr;
-            p.x_stride = xs;
-            p.y = in_place ? d_x.ptr : d_y.ptr;
-            p.y_stride = ys;
-            p.rows = rows;
-            p.dim = dim;
-            p.eps = 1e-6f;
-            p.w = wkind == 0   ? nullptr
-                  : wkind == 1 ? static_cast<const void*>(d_w16.ptr)
-                               : d_wf.ptr;
-            p.w_type = wkind == 2 ? mgl::dtype::f32 : mgl::dtype::bf16;
-            kernels::rms_norm(p, nullptr);
-            CUDA_CHECK(cudaDeviceSynchronize());
-            const auto out = in_place ? d_x.download() : d_y.download();
-            std::vector<float> got(ref.size());
-            int64_t gaps_changed = 0;
-            for (int64_t r = 0; r < rows; ++r) {
-                for (int64_t i = 0; i < dim; ++i)
-                    got[size_t(r * dim + i)] = out[size_t(r * ys + i)];
-                for (int64_t i = dim; i < ys && r * ys + i < int64_t(out.size()); ++i)
-                    gaps_changed += in_place ? out[size_t(r * ys + i)] != x[size_t(r * ys + i)]
-                                             : !std::isnan(out[size_t(r * ys + i)]);
-            }
-            CHECK(gaps_changed == 0);
-            CHECK(test::relative_l2(got, ref) < 1e-6);
-        }
 }
 
 namespace {
 
 // Runs mla_prep for one configuration and checks every output against the reference.
+// last_uncached: the last token's position is past the page table, so its row is not stored
+// (everything else about it is still computed).
 void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, int wkind,
-                bool in_place, bool copies, uint64_t seed, double& worst_f32, double& worst_cache) {
+                bool in_place, bool copies, bool last_uncached, uint64_t seed, double& worst_f32,
+                double& worst_cache) {
     INFO(test::type_name(type), " pages, r ", s.r, " rope ", s.rope, ", T ", T, " H ", H,
-         " n_past ", n_past, ", weight ", wkind, ", in place ", in_place, ", copies ", copies);
+         " n_past ", n_past, ", weight ", wkind, ", in place ", in_place, ", copies ", copies,
+         ", last uncached ", last_uncached);
     test::HostCache cache = test::make_cache(type, s.r, s.rope, 64, n_past, seed, n_past + T);
     const std::vector<uint8_t> before = cache.bytes;
     const int64_t r = s.r, rope = s.rope, kvs = r + rope + 5, nope = 16, qw = nope + rope;
@@ -249,6 +272,8 @@ void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, 
     const mgl::rope_params rp = yarn(int(rope));
     std::vector<int32_t> pos(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(n_past + t);
+    if (last_uncached) pos[size_t(T - 1)] = int32_t(cache.max_pages * cache.page_size + 3);
+    const int64_t T_cached = last_uncached ? T - 1 : T;  // tokens whose rows are stored
 
     // Reference rows [c | k_pe] and roped q_pe.
     std::vector<double> ref_row(size_t(T * (r + rope))), ref_q(size_t(T * H * rope));
@@ -301,18 +326,22 @@ void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, 
     kernels::mla_prep(p, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
 
-    // Cache: the T rows close to the reference, every other byte untouched.
+    // Cache: the T_cached rows close to the reference, every other byte untouched.
     const auto pages = d_pages.download();
-    std::vector<float> got_rows(ref_row.size());
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < r + rope; ++i)
-            got_rows[size_t(t * (r + rope) + i)] = load_row_elem(cache, pages, n_past + t, i);
-    const double cache_err = test::relative_l2(got_rows, ref_row);
-    CHECK(cache_err < (type == mgl::dtype::f32 ? 1e-6 : 4e-3));
-    (type == mgl::dtype::f32 ? worst_f32 : worst_cache) =
-        std::max(type == mgl::dtype::f32 ? worst_f32 : worst_cache, cache_err);
+    if (T_cached > 0) {
+        const std::vector<double> ref_cached(ref_row.begin(),
+                                             ref_row.begin() + T_cached * (r + rope));
+        std::vector<float> got_rows(ref_cached.size());
+        for (int64_t t = 0; t < T_cached; ++t)
+            for (int64_t i = 0; i < r + rope; ++i)
+                got_rows[size_t(t * (r + rope) + i)] = load_row_elem(cache, pages, n_past + t, i);
+        const double cache_err = test::relative_l2(got_rows, ref_cached);
+        CHECK(cache_err < (type == mgl::dtype::f32 ? 1e-6 : 4e-3));
+        (type == mgl::dtype::f32 ? worst_f32 : worst_cache) =
+            std::max(type == mgl::dtype::f32 ? worst_f32 : worst_cache, cache_err);
+    }
     std::vector<bool> written(pages.size(), false);
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < T_cached; ++t) {
         const size_t off = cache.offset(n_past + t);
         for (size_t b = 0; b < size_t(r + rope) * cache.elem(); ++b) written[off + b] = true;
     }
@@ -369,11 +398,47 @@ TEST_CASE("cuda mla_prep: rms_norm + rope + kv_store + rope(q_pe) in one launch"
                     const int wkind = cases % 3;
                     const bool in_place = cases % 2 == 0, copies = cases % 4 < 2;
                     check_prep(type, s, T, s.r == 512 ? 16 : 4, n_past, wkind, in_place, copies,
-                               3000 + uint64_t(cases) * 10, worst_f32, worst_cache);
+                               false, 3000 + uint64_t(cases) * 10, worst_f32, worst_cache);
                     ++cases;
                 }
     MESSAGE("mla_prep: " << cases << " cases, worst relative L2: f32 outputs " << worst_f32
                          << " (bound 1e-6), bf16 cache rows " << worst_cache << " (bound 4e-3)");
+}
+
+// The fast kernel's item counts (q_pe pairs per thread 2, 4, 8, 16; c values per thread up to 4),
+// odd r and H, a rope whose pairs do not divide the block, and the general kernel (r > 1024, more
+// heads than the fast kernel holds); with a token whose position the page table does not map.
+TEST_CASE("cuda mla_prep: fast and general kernels over r, rope and H" * doctest::skip(no_gpu)) {
+    struct Case {
+        Shape s;
+        int64_t H;
+    };
+    const Case cases[] = {
+        {{512, 64}, 16},   // fast, 2 q_pe pairs per thread (V2-Lite)
+        {{512, 64}, 128},  // fast, 16 (V2)
+        {{509, 64}, 13},   // fast, odd r and H: heads 13-15 of the last slots idle
+        {{1024, 128}, 7},  // fast, 4 values of c per thread; rope 128: 4 head groups
+        {{48, 6}, 200},    // fast, 4: 3 pairs, 85 head groups, thread 255 without a pair
+        {{96, 16}, 250},   // fast, 8
+        {{1100, 64}, 3},   // general: r > 1024
+        {{512, 64}, 129},  // general: 17 q_pe pairs per thread
+    };
+    double worst_f32 = 0, worst_cache = 0;
+    int runs = 0;
+    for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16})
+        for (const Case& c : cases)
+            for (int variant = 0; variant < 3; ++variant) {
+                // 1 token; 3 tokens; 3 tokens, the last one not stored.
+                const int64_t T = variant == 0 ? 1 : 3, n_past = variant == 0 ? 37 : 5000;
+                const int wkind = (runs / 3 + variant) % 3;  // every kind in every variant
+                const bool in_place = runs % 2 == 0, copies = runs % 4 < 2;
+                check_prep(type, c.s, T, c.H, n_past, wkind, in_place, copies, variant == 2,
+                           5000 + uint64_t(runs) * 10, worst_f32, worst_cache);
+                ++runs;
+            }
+    MESSAGE("mla_prep paths: " << runs << " runs, worst relative L2: f32 outputs " << worst_f32
+                               << " (bound 1e-6), bf16 cache rows " << worst_cache
+                               << " (bound 4e-3)");
 }
 
 TEST_CASE("cuda mla decode step replayed from one captured graph follows positions" *

@@ -63,6 +63,14 @@ Params with_pdl(Params p, const exec_env& env) {
     return p;
 }
 
+// Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
+// a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
+// dependent only when the weight is such data (a weight a node computes could still be in flight).
+bool caller_data(const tensor* t) {
+    while (t && t->op_kind == op::view) t = t->src[0];
+    return !t || t->op_kind == op::none;
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul (+ rms_norm prologue, + residual epilogue)
 // ---------------------------------------------------------------------------------------------
@@ -292,8 +300,12 @@ launch_step mla_prep_step(const mla_prep_group& g, const launch_context& ctx) {
         p.k_pe_out = f32_data(g.k_rope);
         p.k_pe_out_stride = rope;
     }
-    return {"mla_prep", g.run_at,
-            [p](const exec_env& env) { kn::mla_prep(with_pdl(p, env), env.stream); }};
+    const bool pdl_ok = caller_data(g.kv_norm->src[1]);
+    return {"mla_prep", g.run_at, [p, pdl_ok](const exec_env& env) {
+                kn::MlaPrepParams q = with_pdl(p, env);
+                q.pdl = q.pdl && pdl_ok;
+                kn::mla_prep(q, env.stream);
+            }};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,8 +411,11 @@ launch_step rms_norm_step(const tensor& n) {
     if (row_stride >= 0) {
         p.x = f32_data(&x);
         p.x_stride = row_stride;
-        return {"rms_norm", &n, [p](const exec_env& env) {
-                    if (p.rows) kn::rms_norm(with_pdl(p, env), env.stream);
+        const bool pdl_ok = caller_data(w);
+        return {"rms_norm", &n, [p, pdl_ok](const exec_env& env) {
+                    kn::RmsNormParams q = with_pdl(p, env);
+                    q.pdl = q.pdl && pdl_ok;
+                    if (q.rows) kn::rms_norm(q, env.stream);
                 }};
     }
     // Any other layout: gather x into the output, then normalize in place.
