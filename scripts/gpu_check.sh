@@ -89,6 +89,13 @@ bench_model() {  # $1 = expert dtype
     timeout 120 "$BIN/minids" run -m "$f" -p "hello" -n 1 --temp 0 > /dev/null 2> "$OUT/ttft_$1.log"
     local e=$(date +%s.%N)
     say "v2-lite $1: process start to first token $(awk "BEGIN { printf \"%.2f\", $e - $s }") s"
+    if [[ $1 == f8_e4m3 ]]; then  # the same with the expert cache's 12 GiB plan (issue 10: 3 s)
+        s=$(date +%s.%N)
+        timeout 120 "$BIN/minids" run -m "$f" -p "hello" -n 1 --temp 0 --vram-budget 12GiB \
+            > /dev/null 2> "$OUT/ttft_$1_12g.log"
+        e=$(date +%s.%N)
+        say "v2-lite $1, 12 GiB plan: process start to first token $(awk "BEGIN { printf \"%.2f\", $e - $s }") s"
+    fi
     local reps=5; [[ $QUICK == 1 ]] && reps=2
     timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
