@@ -120,6 +120,22 @@ TEST_CASE("model: incremental decode and chunked prefill give the one-shot logit
         INFO("worst relative difference " << worst);
         CHECK(worst <= 1e-5);
     }
+    SUBCASE("eval_last: the last position's logits as a view, prompt in chunks then decode") {
+        SessionParams sp = small_session(64, 8);
+        sp.n_ubatch = 7;  // the 12-token prompt runs as chunks of 7 and 5
+        Session s(*m.model, *m.backend, sp);
+        std::span<float> view = s.eval_last(std::span(prompt).first(12));
+        REQUIRE(view.size() == V);
+        double worst = compare_rows(std::vector<float>(view.begin(), view.end()), 11);
+        for (size_t t = 12; t < 16; ++t) {
+            view = s.eval_last(std::span(prompt).subspan(t, 1));
+            REQUIRE(view.size() == V);
+            worst = std::max(worst, compare_rows(std::vector<float>(view.begin(), view.end()), t));
+        }
+        INFO("worst relative difference " << worst);
+        CHECK(worst <= 1e-5);
+        CHECK(s.n_past() == 16);
+    }
     SUBCASE("truncate back to a prefix and continue") {
         Session s(*m.model, *m.backend, small_session(64, 8));
         std::vector<int32_t> other(prompt.begin(), prompt.begin() + 20);

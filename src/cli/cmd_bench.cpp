@@ -134,16 +134,16 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);
         // A reused prefix is in the KV cache already: only the prompt's last token is timed.
-        if (reuse && np > 1) session.eval(std::span(prompt).first(size_t(np - 1)));
+        if (reuse && np > 1) session.eval_last(std::span(prompt).first(size_t(np - 1)));
         if (cold) cache.reset();
         const OffloadStats before = cache.stats();
         auto t0 = std::chrono::steady_clock::now();
-        session.eval(reuse ? std::span(prompt).last(1) : std::span(prompt));
+        session.eval_last(reuse ? std::span(prompt).last(1) : std::span(prompt));
         ph.ttft_s = seconds_since(t0);
         const OffloadStats mid = cache.stats();
         const auto gen = random_tokens(ng, c.vocab_size, 37);
         t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
+        for (int64_t i = 0; i < ng; ++i) session.eval_last(std::span(gen).subspan(size_t(i), 1));
         const double s = seconds_since(t0);
         const OffloadStats after = cache.stats();
         ph.n_prompt = reuse ? 1 : np;
@@ -213,7 +213,7 @@ int bench(BenchOptions o) {
         if (d > 0) {
             std::fprintf(stderr, "minids bench: prefilling a context of %lld tokens ...\n",
                          (long long)d);
-            session.eval(random_tokens(d, c.vocab_size, 7));
+            session.eval_last(random_tokens(d, c.vocab_size, 7));
         }
         const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
         auto run = [&](const std::string& name, int64_t np, int64_t ng) {
@@ -228,8 +228,9 @@ int bench(BenchOptions o) {
                 if (interrupt->requested()) throw UserError("interrupted");
                 session.truncate(d);
                 const auto t0 = std::chrono::steady_clock::now();
-                if (np > 0) session.eval(prompt);
-                for (int64_t i = 0; i < ng; ++i) session.eval(std::span(gen).subspan(size_t(i), 1));
+                if (np > 0) session.eval_last(prompt);
+                for (int64_t i = 0; i < ng; ++i)
+                    session.eval_last(std::span(gen).subspan(size_t(i), 1));
                 const double s = seconds_since(t0);
                 if (rep >= 0) r.tok_s.push_back(double(np + ng) / s);
             }

@@ -21,14 +21,22 @@ GenerationStats generate(Session& session, Sampler& sampler, std::span<const int
     for (int32_t id : new_tokens) sampler.accept(id);
     auto interrupted = [&] { return params.interrupt && params.interrupt->requested(); };
 
-    std::vector<float> logits;
+    // The logits to sample from: a view of the session's buffer (no 400 KB copy per token), or
+    // of `owned` when the prompt's logits are kept or observed.
+    std::span<float> logits;
+    std::vector<float> owned;
     auto t0 = std::chrono::steady_clock::now();
     if (!new_tokens.empty()) {
-        const bool all = prefill_logits != nullptr;
-        logits = session.eval(new_tokens, all, params.observe_prefill);
-        if (all) {
-            *prefill_logits = logits;
-            logits.erase(logits.begin(), logits.end() - vocab);
+        if (prefill_logits || params.observe_prefill) {
+            const bool all = prefill_logits != nullptr;
+            owned = session.eval(new_tokens, all, params.observe_prefill);
+            if (all) {
+                *prefill_logits = owned;
+                owned.erase(owned.begin(), owned.end() - vocab);
+            }
+            logits = owned;
+        } else {
+            logits = session.eval_last(new_tokens);
         }
         st.n_prompt = int64_t(new_tokens.size());
     }
@@ -67,7 +75,7 @@ GenerationStats generate(Session& session, Sampler& sampler, std::span<const int
             break;
         }
         const int32_t one[1] = {id};
-        logits = session.eval(one);
+        logits = session.eval_last(one);
     }
     st.gen_s = seconds_since(t0);
     return st;

@@ -215,7 +215,7 @@ void* Session::host_staging(mgl::buffer_ptr& buf, size_t bytes) {
 constexpr size_t max_staged_logits_bytes = size_t(4) << 20;
 
 std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_logits,
-                                      const TensorObserver* observe) {
+                                      const TensorObserver* observe, std::span<float>* view) {
     const int64_t T = int64_t(tokens.size());
     const int64_t n_past = this->n_past();
     const bool decode = T == 1 && !observe && use_decode_graph_;
@@ -259,7 +259,15 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
         auto* staged = static_cast<float*>(host_staging(logits_host_, bytes));
         backend_.download_async(*s->out.logits, staged, 0, bytes);
         backend_.synchronize();
-        out.assign(staged, staged + n_logits);
+        if (view) {
+            *view = std::span<float>(staged, n_logits);
+        } else {
+            out.assign(staged, staged + n_logits);
+        }
+    } else if (view) {  // a host backend: into the session's buffer, allocated once
+        last_logits_.resize(n_logits);
+        backend_.download(*s->out.logits, last_logits_.data(), 0, n_logits * sizeof(float));
+        *view = last_logits_;
     } else {  // a prompt's logits for every position, or a host backend: straight into the result
         out.resize(n_logits);
         backend_.download(*s->out.logits, out.data(), 0, n_logits * sizeof(float));
@@ -271,8 +279,7 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     return out;
 }
 
-std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
-                                 const TensorObserver* observe) {
+void Session::check_eval(std::span<const int32_t> tokens) const {
     const int64_t T = int64_t(tokens.size());
     MGL_CHECK(T > 0, "session: eval of an empty batch");
     MGL_CHECK(n_past() + T <= n_ctx(), "session: " + std::to_string(n_past() + T) +
@@ -283,6 +290,21 @@ std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logit
         MGL_CHECK(id >= 0 && id < vocab,
                   "session: token id " + std::to_string(id) + " outside the vocabulary");
     }
+}
+
+std::span<float> Session::eval_last(std::span<const int32_t> tokens) {
+    check_eval(tokens);
+    const int64_t T = int64_t(tokens.size()), chunk = params_.n_ubatch;
+    std::span<float> view;
+    for (int64_t i = 0; i < T; i += chunk)
+        run_chunk(tokens.subspan(size_t(i), size_t(std::min(chunk, T - i))), false, nullptr, &view);
+    return view;
+}
+
+std::vector<float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
+                                 const TensorObserver* observe) {
+    check_eval(tokens);
+    const int64_t T = int64_t(tokens.size());
     // A dump sees the whole prompt as one graph; otherwise prompts run in chunks of n_ubatch.
     const int64_t chunk = observe ? T : params_.n_ubatch;
     std::vector<float> logits;

@@ -66,6 +66,10 @@ public:
     // dumping a run layer by layer.
     std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false,
                             const TensorObserver* observe = nullptr);
+    // The same as eval(tokens) (the last position's [vocab] logits) without a copy: a view of the
+    // session's own buffer (on a device backend the pinned buffer the logits are downloaded to),
+    // valid until the next eval. For decode loops: a 102,400 vocabulary is 400 KB per token.
+    std::span<float> eval_last(std::span<const int32_t> tokens);
     // Forgets everything after the first n tokens (the cache keeps the prefix).
     void truncate(int64_t n);
     // Length of the common prefix of `tokens` and the history.
@@ -108,8 +112,12 @@ private:
     };
     std::unique_ptr<StepGraph> record(int64_t T, bool all_logits, bool keep_named);
     void write_inputs(StepGraph& s, std::span<const int32_t> tokens, int64_t n_past, bool prefill);
+    // Throws mgl::error for an empty batch, a context overflow or a token outside the vocabulary.
+    void check_eval(std::span<const int32_t> tokens) const;
+    // Runs one chunk; its logits come back in the result or, with `view`, as a view of the
+    // session's buffer (the last position only).
     std::vector<float> run_chunk(std::span<const int32_t> tokens, bool all_logits,
-                                 const TensorObserver* observe);
+                                 const TensorObserver* observe, std::span<float>* view = nullptr);
     void report_tensors(const std::vector<mgl::tensor*>& nodes, const TensorObserver& observe);
     void report_routing(StepGraph& s, int64_t T, bool prefill);
     // `buf`'s base, reallocated as a backend host buffer (pinned on a GPU) when it is smaller
@@ -127,6 +135,7 @@ private:
     std::unique_ptr<StepGraph> decode_;       // recorded on the first decoded token
     mgl::buffer_ptr routing_host_;            // pinned staging for the routing downloads
     mgl::buffer_ptr logits_host_;             // pinned staging for one token's logits
+    std::vector<float> last_logits_;          // eval_last's logits on a host backend
     bool use_decode_graph_ = true;
     RoutingObserver routing_observer_;
     RoutingObserver expert_cache_hook_;
