@@ -12,6 +12,7 @@
 #include "cuda_check.h"
 #include "matmul.h"
 #include "matmul_internal.h"
+#include "rms_norm.h"
 
 #define CUBLAS_CHECK(expr)                                                           \
     do {                                                                             \
@@ -354,6 +355,8 @@ void validate(const MatmulParams& p) {
         fail_params("w_scale is only for f8_e4m3 weights");
     if (p.norm_w && p.norm_w_type != mgl::dtype::bf16 && p.norm_w_type != mgl::dtype::f32)
         fail_params("norm_w must be bf16 or f32");
+    if (p.norm_out && (!p.rms_norm || p.batch != 1 || (p.m > 1 && p.norm_out_row_stride < p.k)))
+        fail_params("norm_out needs rms_norm, one batch and rows that do not overlap " + dims);
     if (p.x_row_stride < 0 || p.x_batch_stride < 0 || p.w_row_stride < 0 || p.w_col_stride < 0 ||
         p.w_batch_stride < 0 || p.w_scale_batch_stride < 0)
         fail_params("negative strides are not supported");
@@ -605,6 +608,28 @@ size_t matmul_workspace_bytes(const MatmulParams& p) {
 void matmul(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream) {
     validate(p);
     const MatmulPath path = resolve(p);
+    if (p.norm_out && path != MatmulPath::stream) {
+        // Only the stream kernel writes the normalized rows itself: normalize first, then
+        // multiply them.
+        RmsNormParams n;
+        n.x = p.x;
+        n.w = p.norm_w;
+        n.w_type = p.norm_w_type;
+        n.y = p.norm_out;
+        n.rows = p.m;
+        n.dim = p.k;
+        n.eps = p.norm_eps;
+        n.x_stride = p.x_row_stride;
+        n.y_stride = p.norm_out_row_stride;
+        rms_norm(n, stream);
+        MatmulParams q = p;
+        q.x = p.norm_out;
+        q.x_row_stride = p.norm_out_row_stride;
+        q.rms_norm = false;
+        q.norm_out = nullptr;
+        matmul(q, r, stream);
+        return;
+    }
     const size_t need = matmul_workspace_bytes(p);
     if (need > 0 && (!r.workspace || r.workspace_bytes < need))
         fail_params("workspace of " + std::to_string(r.workspace_bytes) + " bytes, " +

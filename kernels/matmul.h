@@ -85,6 +85,11 @@ struct MatmulParams {
     const void* norm_w = nullptr;               // [K], null = no weight
     mgl::dtype norm_w_type = mgl::dtype::bf16;  // bf16 or f32
     float norm_eps = 1e-6f;
+    // With rms_norm: also write the normalized rows x·g/rms here (for the norm's other readers,
+    // so no separate RMSNorm launch is needed). One batch only; the stream path writes them from
+    // its first block, any other path runs kernels::rms_norm first and multiplies those rows.
+    float* norm_out = nullptr;
+    int64_t norm_out_row_stride = 0;  // elements
 
     // Programmatic dependent launch (Hopper), gemv and stream paths: the kernel may start while the
     // previous kernel on the stream is finishing and stream its weights meanwhile; it reads x,

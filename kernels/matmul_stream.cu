@@ -35,6 +35,8 @@ struct StreamArgs {
     const void* norm_w;
     bool norm, norm_bf16;
     float eps;
+    float* norm_out;  // with norm: the normalized rows, written by the first block
+    int64_t norm_out_stride;
     int m, n, k;
     int chunks;  // 16-byte chunks per row
 };
@@ -190,6 +192,26 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_stream_kernel(StreamArgs a) {
 #pragma unroll
     for (int m = 0; m < M; ++m)
         inv[m] = a.norm ? rsqrtf(warp_sum(ss[m]) / float(a.k) + a.eps) : 1.0f;
+    // The norm's other readers get the normalized rows from the first block (every warp has the
+    // whole 1 / rms; x and the weight are in L1 by now), as kernels/rms_norm.cu computes them.
+    if (a.norm_out && blockIdx.x == 0 && blockIdx.y == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            if (m >= a.m) break;
+            const float* xr = xb + m * a.x_row_stride;
+            float* out = a.norm_out + m * a.norm_out_stride;
+            for (int i = warp * 32 + lane; i < a.k; i += WARPS * 32) {
+                float g = 1.0f;
+                if (a.norm_w)
+                    g = a.norm_bf16
+                            ? __uint_as_float(
+                                  uint32_t(__ldg(static_cast<const unsigned short*>(a.norm_w) + i))
+                                  << 16)
+                            : __ldg(static_cast<const float*>(a.norm_w) + i);
+                out[i] = g * (xr[i] * inv[m]);
+            }
+        }
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
@@ -357,6 +379,8 @@ void launch_stream_gemv(const MatmulParams& p, cudaStream_t stream) {
     a.norm_w = p.norm_w;
     a.norm_bf16 = p.norm_w_type == mgl::dtype::bf16;
     a.eps = p.norm_eps;
+    a.norm_out = p.norm_out;
+    a.norm_out_stride = p.norm_out_row_stride;
     a.m = int(p.m);
     a.n = int(p.n);
     a.k = int(p.k);

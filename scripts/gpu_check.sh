@@ -6,12 +6,14 @@
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
-#                        [--fetch-compare] [--ncu]
+#                        [--fetch-compare] [--ncu] [--norm-out]
 #
 # --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
 # and of the prompt pass) whose tables go to $OUT/profile_f8.log.
+# --norm-out also runs the demo model (GPU vs CPU) and the FP8 tg128 with the norm_out fusion on
+# (MINIDS_CUDA_FUSE; off by default until measured).
 # --ncu adds scripts/ncu_decode.sh: Nsight Compute's time of every kernel of one decode step
 # (table in $OUT/ncu_summary.txt, its top lines in the summary).
 #
@@ -26,7 +28,7 @@ WORK="${WORK:-/tmp/minids_gpu_check}"
 mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
-KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0
+KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
 for a in "$@"; do
     case "$a" in
         --kernels) KERNELS=1 ;;
@@ -37,6 +39,7 @@ for a in "$@"; do
         --all-tests) ALL_TESTS=1 ;;
         --fetch-compare) FETCH_COMPARE=1 ;;
         --ncu) NCU=1 ;;
+        --norm-out) NORM_OUT=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -76,6 +79,13 @@ timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 > "
 timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cpu > "$OUT/demo_cpu.txt" 2> "$OUT/demo_cpu.log"
 if cmp -s "$OUT/demo_gpu.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
 say "demo model greedy 48 tokens, GPU vs CPU: $same; GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
+FUSE_NORM_OUT="norm,residual,route,mla_prep,norm_out"
+if [[ $NORM_OUT == 1 ]]; then
+    MINIDS_CUDA_FUSE=$FUSE_NORM_OUT timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 \
+        --cache-type-k f32 > "$OUT/demo_gpu_norm_out.txt" 2> "$OUT/demo_gpu_norm_out.log"
+    if cmp -s "$OUT/demo_gpu_norm_out.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
+    say "demo model greedy 48 tokens, GPU with norm_out vs CPU: $same"
+fi
 
 # 3. Synthetic V2-Lite: FP8 experts, then BF16 experts (each converted, benchmarked, deleted).
 bench_model() {  # $1 = expert dtype
@@ -100,6 +110,12 @@ bench_model() {  # $1 = expert dtype
     timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
         timeout 400 "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
+    fi
+    if [[ $NORM_OUT == 1 ]]; then  # the same tg128 with norm_out, then without, back to back
+        for fuse in "$FUSE_NORM_OUT" all; do
+            MINIDS_CUDA_FUSE=$fuse timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 128 -r $reps -o md \
+                2>/dev/null | grep -E '\| tg' | while read -r line; do say "bench $1 (MINIDS_CUDA_FUSE=$fuse): $line"; done
+        done
     fi
     # The expert cache (issue 10, new): the 12 GiB plan, and 8 slots per MoE layer (208).
     if [[ $1 == f8_e4m3 ]]; then

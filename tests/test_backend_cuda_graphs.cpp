@@ -19,7 +19,7 @@ const bool no_gpu = !cuda_device_available();
 
 mgl::cuda_options unfused() {
     mgl::cuda_options o;
-    o.fuse = {false, false, false, false};
+    o.fuse = {false, false, false, false, false, false};
     return o;
 }
 
@@ -58,17 +58,22 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
     auto fused_be = mgl::make_cuda_backend();
     auto plain_be = mgl::make_cuda_backend(unfused());
     auto cpu_be = mgl::make_cpu_backend(2);
+    // norm_out (off by default): the FFN norm written by the router's matmul at T = 1.
+    mgl::cuda_options with_norm_out;
+    with_norm_out.fuse.norm_out = true;
+    auto out_be = mgl::make_cuda_backend(with_norm_out);
     for (int64_t T : {1, 3, 20}) {
         for (dtype pages_type : {dtype::f32, dtype::bf16}) {
             for (dtype experts : {dtype::bf16, dtype::f8_e4m3}) {
                 CAPTURE(T);
                 CAPTURE(std::string(mgl::dtype_name(pages_type)));
                 CAPTURE(std::string(mgl::dtype_name(experts)));
-                side cpu(*cpu_be), fused(*fused_be), plain(*plain_be);
-                layer_io io_c, io_f, io_p;
+                side cpu(*cpu_be), fused(*fused_be), plain(*plain_be), outn(*out_be);
+                layer_io io_c, io_f, io_p, io_o;
                 const auto want = cpu.run(decoder_layer(cpu, T, pages_type, experts, io_c));
                 const auto got_f = fused.run(decoder_layer(fused, T, pages_type, experts, io_f));
                 const auto got_p = plain.run(decoder_layer(plain, T, pages_type, experts, io_p));
+                const auto got_o = outn.run(decoder_layer(outn, T, pages_type, experts, io_o));
                 const mgl::cuda_graph_info fi = mgl::cuda_graph_info_of(*fused_be, fused.graph);
                 const mgl::cuda_graph_info pi = mgl::cuda_graph_info_of(*plain_be, plain.graph);
                 INFO("fused: " << fi.launches << " launches for " << fi.nodes << " nodes ("
@@ -83,6 +88,9 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                     CHECK(fi.launches < pi.launches);
                 }
                 CHECK(pi.fused_norm + pi.fused_residual + pi.fused_route + pi.fused_mla_prep == 0);
+                if (!std::getenv("MINIDS_CUDA_FUSE"))
+                    CHECK(mgl::cuda_graph_info_of(*out_be, outn.graph).fused_norm_out ==
+                          (T == 1 ? 1 : 0));
                 // T <= 16 with f32 pages runs FP32 paths throughout; attention over bf16 pages
                 // runs on tensor cores (q and probabilities rounded to BF16: measured 3.9-4.2e-3
                 // at T = 1), and T = 20 also takes cuBLAS (BF16 x) and grouped MoE on tensor
@@ -94,6 +102,7 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                 const double e_fused = compare(got_f, want, exact_paths);
                 const double e_plain = compare(got_p, want, exact_paths);
                 const double e_between = compare(got_f, got_p);
+                const double e_norm_out = compare(got_o, want, exact_paths);
                 const size_t k = got_f[1].size() / size_t(T);
                 INFO("relative L2 vs CPU: fused "
                      << e_fused << ", unfused " << e_plain << "; fused vs unfused " << e_between
@@ -103,6 +112,8 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                 CHECK(e_fused <= bound);
                 CHECK(e_plain <= bound);
                 CHECK(e_between <= bound);
+                INFO("norm_out vs CPU " << e_norm_out);
+                CHECK(e_norm_out <= bound);
             }
         }
     }

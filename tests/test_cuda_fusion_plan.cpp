@@ -49,10 +49,15 @@ std::vector<step> fused_steps(const mgl::graph& g, const mgl::cuda::fusion_plan&
             if (auto nt = f.norm_of.find(product); nt != f.norm_of.end())
                 add_srcs(s.reads, *nt->second);
             s.writes = {n};
+            if (auto wn = f.writes_norm.find(product); wn != f.writes_norm.end())
+                s.writes.push_back(wn->second);
         } else {
             add_srcs(s.reads, *n);
             if (auto nt = f.norm_of.find(n); nt != f.norm_of.end()) add_srcs(s.reads, *nt->second);
             s.writes = {n};
+            // norm_out: the matmul also writes the norm's rows for its later readers.
+            if (auto wn = f.writes_norm.find(n); wn != f.writes_norm.end())
+                s.writes.push_back(wn->second);
         }
         // A group's own members are not inputs.
         std::erase_if(s.reads, [&](const mgl::tensor* t) {
@@ -134,7 +139,7 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
                        << " fused steps; hazards without also_reads: " << unsafe);
         // Nothing fused when every switch is off, and the plain steps are hazard free too.
         const mgl::cuda::fusion_plan none =
-            mgl::cuda::plan_fusions(g, mgl::cuda_fusions{false, false, false, false, false});
+            mgl::cuda::plan_fusions(g, mgl::cuda_fusions{false, false, false, false, false, false});
         CHECK(none.skipped.empty());
         // With norm_moe (off by default) the FFN norm (router and experts) is folded too while
         // the experts take the decode path (up to 8 rows); still no memory hazard.
@@ -144,6 +149,20 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
         CHECK(fm.n_norm == (T <= 16 ? 2 : 0) + (T <= 8 ? 1 : 0));
         CHECK(simulate(g, fused_steps(g, fm), mgl::plan_allocation(g, 256, fm.also_reads)) == 0);
         CHECK(simulate(g, fused_steps(g, none), mgl::plan_allocation(g, 256)) == 0);
+        // With norm_out (off by default) the one-row FFN norm is written by the router matmul,
+        // which runs before the experts read it; still no memory hazard.
+        mgl::cuda_fusions out_norm;
+        out_norm.norm_out = true;
+        const mgl::cuda::fusion_plan fo = mgl::cuda::plan_fusions(g, out_norm);
+        CHECK(fo.n_norm == f.n_norm);
+        CHECK(fo.n_norm_out == (T == 1 ? 1 : 0));
+        CHECK(fo.writes_norm.size() == size_t(fo.n_norm_out));
+        for (const auto& [mm, norm] : fo.writes_norm) {
+            CHECK(mm->op_kind == mgl::op::matmul);
+            CHECK(fo.norm_of.at(mm) == norm);
+            CHECK(fo.skipped.count(norm) == 1);
+        }
+        CHECK(simulate(g, fused_steps(g, fo), mgl::plan_allocation(g, 256, fo.also_reads)) == 0);
     }
 }
 
@@ -200,6 +219,12 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
         const mgl::cuda::fusion_plan fm = mgl::cuda::plan_fusions(g, moe_norm);
         CHECK(fm.n_norm == f.n_norm + (T <= 8 ? n_moe : 0));
         CHECK(simulate(g, fused_steps(g, fm), mgl::plan_allocation(g, 256, fm.also_reads)) == 0);
+        // norm_out: each MoE layer's FFN norm is written by its router at decode (one row).
+        mgl::cuda_fusions out_norm;
+        out_norm.norm_out = true;
+        const mgl::cuda::fusion_plan fo = mgl::cuda::plan_fusions(g, out_norm);
+        CHECK(fo.n_norm_out == (T == 1 ? n_moe : 0));
+        CHECK(simulate(g, fused_steps(g, fo), mgl::plan_allocation(g, 256, fo.also_reads)) == 0);
         CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
     }
 }

@@ -50,6 +50,7 @@ struct Case {
     bool norm = false;       // RMSNorm prologue
     mgl::dtype norm_type = mgl::dtype::bf16;
     bool norm_weight = true;
+    bool norm_out = false;  // with norm: also write the normalized rows (MatmulParams::norm_out)
     MatmulPath path = MatmulPath::automatic;
     int config = -1, split = 0;
     int stream_config = -1;  // the stream path's benchmark shapes (M = 1)
@@ -68,6 +69,7 @@ struct Case {
         if (residual) s += in_place ? " residual(in place)" : " residual";
         if (norm)
             s += std::string(" norm(") + (norm_weight ? mgl::dtype_name(norm_type) : "-") + ")";
+        if (norm_out) s += " norm_out";
         s += std::string(" path ") + kernels::matmul_path_name(path);
         if (config >= 0) s += " cfg " + std::to_string(config);
         if (split) s += " split " + std::to_string(split);
@@ -117,6 +119,7 @@ struct Problem {
     std::vector<float> residual;      // y's layout, NaN in the padding
     std::vector<uint8_t> y_valid;     // 1 where y holds an output
     std::vector<double> w_dec;        // W_real [B or 1, N, K]
+    std::vector<double> normed;       // with norm: x̂ [M, K] of batch 0 (for norm_out)
 };
 
 Problem make_problem(const Case& c) {
@@ -195,6 +198,7 @@ Problem make_problem(const Case& c) {
                                              : mgl::bf16_to_f32(pr.norm_bf16[size_t(k)]);
                         xv *= inv * g;
                     }
+                    if (c.norm && b == 0 && n == 0) pr.normed.push_back(xv);
                     acc += xv * wr[k];
                 }
                 const size_t at = size_t(b * ybs + m * yrs + n);
@@ -254,6 +258,12 @@ double run_case(const Case& c, const Cublas& blas) {
     if (c.norm && c.norm_weight)
         p.norm_w = c.norm_type == mgl::dtype::f32 ? static_cast<const void*>(dnorm.ptr)
                                                   : static_cast<const void*>(dnorm16.ptr);
+    // norm_out: M rows of K, a pad of 3 floats that must stay NaN.
+    DeviceArray<float> dnorm_out(std::vector<float>(size_t(c.m * (c.k + 3)), NAN));
+    if (c.norm_out) {
+        p.norm_out = dnorm_out.ptr;
+        p.norm_out_row_stride = c.k + 3;
+    }
     INFO(kernels::matmul_describe(p));
     Workspace ws(kernels::matmul_workspace_bytes(p));
     const kernels::MatmulResources r{blas.h, ws.ptr, ws.bytes};
@@ -279,6 +289,20 @@ double run_case(const Case& c, const Cublas& blas) {
         INFO("relative L2 " << err << " bound " << bound);
         CHECK(err < bound);
         CHECK(ws.counters_zero());
+        if (c.norm_out) {
+            const auto no = dnorm_out.download();
+            std::vector<float> got_n;
+            size_t pad_touched = 0;
+            for (int64_t m = 0; m < c.m; ++m) {
+                for (int64_t k = 0; k < c.k; ++k) got_n.push_back(no[size_t(m * (c.k + 3) + k)]);
+                for (int64_t k = c.k; k < c.k + 3; ++k)
+                    if (!std::isnan(no[size_t(m * (c.k + 3) + k)])) ++pad_touched;
+            }
+            const double en = test::relative_l2(got_n, pr.normed);
+            INFO("norm_out relative L2 " << en);
+            CHECK(en < 1e-6);
+            CHECK(pad_touched == 0);
+        }
     }
     return err;
 }
@@ -429,6 +453,29 @@ TEST_CASE("cuda matmul stream gemv: every benchmark shape (warps, loads in fligh
                 c.seed = seed++;
                 run_case(c, blas);
             }
+}
+
+TEST_CASE("cuda matmul norm_out: the normalized rows, from the stream kernel or a norm launch" *
+          doctest::skip(no_gpu)) {
+    Cublas blas;
+    uint64_t seed = 700;
+    for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3})
+        for (int64_t m : {1, 3, 12})  // 12 rows: not the stream path, so rms_norm runs first
+            for (int64_t k : {2048, 1072})
+                for (int w : {0, 1, 2}) {  // norm weight f32, bf16, none
+                    Case c;
+                    c.type = t;
+                    c.m = m;
+                    c.n = 64;  // the router's shape
+                    c.k = k;
+                    c.norm = true;
+                    c.norm_out = true;
+                    c.norm_weight = w != 2;
+                    c.norm_type = w == 0 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                    c.residual = w == 1;
+                    c.seed = seed++;
+                    run_case(c, blas);
+                }
 }
 
 TEST_CASE("cuda matmul gemv: V2-Lite shapes, automatic plan" * doctest::skip(no_gpu)) {

@@ -93,6 +93,7 @@ struct graph_plan {
     launch_list launches;
     size_t nodes = 0;
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
+    int fused_norm_out = 0;
     bool warmed_up = false;  // one eager run before capturing (lazy module loads, cuBLAS setup)
     graph_exec recording;
     uint64_t recorded_workspace_generation = 0;
@@ -261,6 +262,7 @@ public:
         out.fused_residual = p.fused_residual;
         out.fused_route = p.fused_route;
         out.fused_mla_prep = p.fused_mla_prep;
+        out.fused_norm_out = p.fused_norm_out;
         out.captured = bool(p.recording);
         out.graph_launches = p.graph_launches;
         out.eager_runs = p.eager_runs;
@@ -333,7 +335,8 @@ private:
         ctx.inv_freq = [this](const std::shared_ptr<const rope_params>& r) { return inv_freq(r); };
         p->launches = build_launches(g, fusions, ctx);
         p->nodes = g.nodes.size();
-        p->fused_norm = fusions.n_norm;
+        p->fused_norm = fusions.n_norm + fusions.n_norm_out;
+        p->fused_norm_out = fusions.n_norm_out;
         p->fused_residual = fusions.n_residual;
         p->fused_route = fusions.n_route;
         p->fused_mla_prep = fusions.n_mla_prep;

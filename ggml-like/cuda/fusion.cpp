@@ -16,7 +16,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false};
     if (s != "0" && s != "none") {
         std::stringstream list(s);
         for (std::string name; std::getline(list, name, ',');) {
@@ -30,16 +30,16 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.mla_prep = true;
             } else if (name == "norm_moe") {
                 keep.norm_moe = true;
+            } else if (name == "norm_out") {
+                keep.norm_out = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
-                            "' (expected 0, all, or a comma list of norm, norm_moe, residual, "
-                            "route, mla_prep)");
+                            "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
+                            "residual, route, mla_prep)");
             }
         }
     }
-    // The environment only turns fusions off.
-    return {on.norm && keep.norm, on.residual && keep.residual, on.route && keep.route,
-            on.mla_prep && keep.mla_prep, on.norm_moe && keep.norm_moe};
+    return keep;
 }
 
 namespace {
@@ -214,11 +214,34 @@ private:
                                rows <= moe_rows;
                 }
             }
-            if (!all_fold) continue;
-            for (tensor* u : users) p_.norm_of[u] = norm;
-            p_.skipped.insert(norm);
-            ++p_.n_norm;
+            if (all_fold) {
+                for (tensor* u : users) p_.norm_of[u] = norm;
+                p_.skipped.insert(norm);
+                ++p_.n_norm;
+            } else if (on_.norm_out && rows == 1 && norm->n_dims == 2) {
+                find_norm_out(norm);
+            }
         }
+    }
+
+    // The first reader of a one-row norm, when it is a matmul taking it as x and every other
+    // reader runs after it, normalizes x itself and writes the norm's row for the others.
+    void find_norm_out(tensor* norm) {
+        const auto& users = consumers(norm);
+        tensor* first = nullptr;
+        for (tensor* u : users)
+            if (!first || step(u) < step(first)) first = u;
+        if (!first || first->op_kind != op::matmul || first->src[0] != norm || taken(first) ||
+            p_.norm_of.count(first) || first->src[1]->n_dims != 2)
+            return;
+        for (size_t i = 1; i < first->src.size(); ++i)
+            if (first->src[i] == norm) return;
+        for (tensor* u : users)
+            if (u != first && step(u) <= step(first)) return;
+        p_.norm_of[first] = norm;
+        p_.writes_norm[first] = norm;
+        p_.skipped.insert(norm);
+        ++p_.n_norm_out;
     }
 
     void find_residuals() {

@@ -5,6 +5,8 @@
 //             when every consumer of the norm is a matmul of at most 16 rows taking it as x,
 //             or (norm_moe, off by default: measured slower) a moe_experts of at most 8 rows,
 //             whose decode path folds it too.
+//   norm_out  rms_norm (one row) -> matmul + later readers: the first matmul reader normalizes
+//             its row itself and also writes the normalized row for the others (off by default).
 //   residual  matmul -> add, moe_experts -> add: the product is added to the other operand as it
 //             is written (the residual epilogue), when the add is the product's only consumer.
 //   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
@@ -30,8 +32,9 @@
 namespace mgl::cuda {
 
 using fusion_switches = cuda_fusions;
-// `defaults` narrowed by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
-// (unchanged), or a comma list of the fusions to keep. The environment only turns fusions off.
+// `defaults` replaced by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
+// (the defaults), or a comma list of exactly the fusions to use (which may name those that are
+// off by default, norm_moe and norm_out, to measure them).
 fusion_switches fusion_switches_from_env(fusion_switches defaults);
 
 struct route_group {
@@ -52,14 +55,15 @@ struct mla_prep_group {
 };
 
 struct fusion_plan {
-    std::unordered_map<const tensor*, tensor*> norm_of;  // matmul / moe_experts -> its rms_norm
+    std::unordered_map<const tensor*, tensor*> norm_of;      // matmul / moe_experts -> its rms_norm
+    std::unordered_map<const tensor*, tensor*> writes_norm;  // matmul -> the rms_norm it writes
     std::unordered_map<const tensor*, tensor*> residual_add;    // matmul / moe_experts -> the add
     std::unordered_map<const tensor*, tensor*> producer_of;     // the add -> matmul / moe_experts
     std::unordered_map<const tensor*, route_group> route_at;    // keyed by the weights node
     std::unordered_map<const tensor*, mla_prep_group> prep_at;  // keyed by run_at
     std::unordered_set<const tensor*> skipped;  // nodes whose work runs in another step
     std::vector<std::pair<tensor*, tensor*>> also_reads;
-    int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0;
+    int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
 };
 
 fusion_plan plan_fusions(const graph& g, const fusion_switches& on);

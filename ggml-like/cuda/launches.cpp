@@ -96,7 +96,7 @@ struct matmul_launch {
 };
 
 matmul_launch plan_matmul(const tensor& mm, const tensor* norm, const tensor* add,
-                          const tensor* residual) {
+                          const tensor* residual, const tensor* norm_out) {
     matmul_launch L;
     const tensor* x = norm ? norm->src[0] : mm.src[0];
     const tensor* w = mm.src[1];
@@ -144,6 +144,10 @@ matmul_launch plan_matmul(const tensor& mm, const tensor* norm, const tensor* ad
         base.norm_w = norm->src[1] ? norm->src[1]->data : nullptr;
         base.norm_w_type = norm->src[1] ? norm->src[1]->type : dtype::f32;
         base.norm_eps = norm->fparams[0];
+        if (norm_out) {  // the norm's other readers take its rows from this matmul
+            base.norm_out = f32_data(norm_out);
+            base.norm_out_row_stride = norm_out->stride[0] / 4;
+        }
     }
 
     // (x offset, y offset, batch, x batch stride) for each call.
@@ -648,11 +652,13 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         const tensor* norm = norm_of(mm);
         const tensor* residual = nullptr;
         if (add) residual = add->src[0] == &mm ? add->src[1] : add->src[0];
-        auto L = std::make_shared<matmul_launch>(plan_matmul(mm, norm, add, residual));
+        auto wn = f.writes_norm.find(&mm);
+        const tensor* norm_out = wn == f.writes_norm.end() ? nullptr : wn->second;
+        auto L = std::make_shared<matmul_launch>(plan_matmul(mm, norm, add, residual, norm_out));
         out.matmul_workspace_bytes = std::max(out.matmul_workspace_bytes, L->matmul_workspace);
         scratch = std::max(scratch, L->stage_bytes);
         std::string what = "matmul";
-        if (norm) what += "+norm";
+        if (norm) what += norm_out ? "+norm(out)" : "+norm";
         if (add) what += "+add";
         out.steps.push_back({what, add ? add : &mm, [L](const exec_env& env) { L->run(env); }});
     };

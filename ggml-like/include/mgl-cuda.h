@@ -53,6 +53,11 @@ struct cuda_fusions {
     // H200 (V2-Lite tg128 377 against 414 tok/s): every one of the 2,464 gate/up blocks and
     // every router warp then redoes the norm, which costs more than the launch it saves.
     bool norm_moe = false;
+    // With norm: an rms_norm of one row read by a matmul and by other nodes that all run after
+    // it (the FFN norm at decode: the router, then the experts) is folded into that matmul,
+    // whose first block also writes the normalized row for the others, so the norm needs no
+    // launch of its own. Off until measured on the GPU (not yet run there).
+    bool norm_out = false;
 };
 
 struct cuda_options {
@@ -89,6 +94,7 @@ struct cuda_graph_info {
     size_t nodes = 0;
     size_t launches = 0;  // steps compute() enqueues (a fused group is one)
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
+    int fused_norm_out = 0;       // of fused_norm: norms a matmul also writes (norm_out)
     bool captured = false;        // a CUDA graph is recorded for it
     uint64_t graph_launches = 0;  // computes served by launching the recorded CUDA graph
     uint64_t eager_runs = 0;      // computes run launch by launch
