@@ -19,5 +19,17 @@ inline void cuda_check(cudaError_t err, const char* expr, const char* file, int 
 }  // namespace minids::kernels
 
 #define CUDA_CHECK(expr) ::minids::kernels::cuda_check((expr), #expr, __FILE__, __LINE__)
+
+namespace minids::kernels {
+
+// Streaming multiprocessors of the current device (launch plans size their grids by it).
+inline int sm_count_of_current_device() {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+}
+
+}  // namespace minids::kernels
 // After a kernel launch: catches bad launch configurations immediately.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -595,7 +595,7 @@ size_t matmul_workspace_bytes(const MatmulParams& p) {
     validate(p);
     switch (resolve(p)) {
         case MatmulPath::gemv: {
-            const auto plan = detail::plan_gemv(p, detail::sm_count_of_current_device());
+            const auto plan = detail::plan_gemv(p, sm_count_of_current_device());
             return plan.split > 1 ? detail::counters_bytes + plan.partial_bytes : 0;
         }
         case MatmulPath::gemm:
@@ -639,8 +639,8 @@ void matmul(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream
             detail::launch_stream_gemv(p, stream);
             break;
         case MatmulPath::gemv:
-            detail::launch_gemv(p, detail::plan_gemv(p, detail::sm_count_of_current_device()),
-                                r.workspace, stream);
+            detail::launch_gemv(p, detail::plan_gemv(p, sm_count_of_current_device()), r.workspace,
+                                stream);
             break;
         case MatmulPath::gemv_column:
             run_column(p, stream);
@@ -659,8 +659,7 @@ std::string matmul_describe(const MatmulParams& p) {
     const MatmulPath path = resolve(p);
     switch (path) {
         case MatmulPath::gemv:
-            return detail::gemv_plan_string(
-                p, detail::plan_gemv(p, detail::sm_count_of_current_device()));
+            return detail::gemv_plan_string(p, detail::plan_gemv(p, sm_count_of_current_device()));
         case MatmulPath::stream:
             return detail::stream_plan_string(p);
         case MatmulPath::gemm: {

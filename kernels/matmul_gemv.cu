@@ -432,13 +432,6 @@ size_t gemv_smem(const MatmulParams& p, const GemvConfig& c, int quads, int spli
 
 }  // namespace
 
-int sm_count_of_current_device() {
-    int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-}
-
 GemvPlan plan_gemv(const MatmulParams& p, int sm_count) {
     const int elem = int(mgl::dtype_size(p.w_type));
     const int chunks = int(p.k * elem / 16);

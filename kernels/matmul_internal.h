@@ -28,7 +28,6 @@ struct GemvPlan {
     size_t partial_bytes = 0;
 };
 
-int sm_count_of_current_device();
 GemvPlan plan_gemv(const MatmulParams& p, int sm_count);
 void launch_gemv(const MatmulParams& p, const GemvPlan& plan, void* workspace, cudaStream_t stream);
 std::string gemv_plan_string(const MatmulParams& p, const GemvPlan& plan);

@@ -280,13 +280,6 @@ size_t align_up(size_t n) { return (n + ws_align - 1) / ws_align * ws_align; }
     ::mgl::fail(__FILE__, __LINE__, "mla attention: " + what);
 }
 
-int sm_count() {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-}
-
 AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     const MlaCache& c = p.cache;
     const int64_t r = c.kv_lora_rank, rope = c.rope_dim;
@@ -415,7 +408,7 @@ size_t mla_attn_workspace_bytes(int64_t T, int64_t H, int64_t r, int max_splits)
 int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
     const int64_t rows_per_tile = kernel == MlaKernel::decode ? 16 : 64;
     const int64_t tiles = (T * H + rows_per_tile - 1) / rows_per_tile;
-    const int64_t n = mla_detail::sm_count() / (tiles > 0 ? tiles : 1);
+    const int64_t n = sm_count_of_current_device() / (tiles > 0 ? tiles : 1);
     return int(n < 1 ? 1 : (n > 4096 ? 4096 : n));
 }
 
