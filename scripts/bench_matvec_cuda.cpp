@@ -314,6 +314,7 @@ void stream_sweep(cudaStream_t s, cublasHandle_t blas, double copy_gbs) {
         {"W_uv per head (16 x 128x512)", 16, 128, 512, false, false},
         {"shared gate/up", 1, 2816, 2048, false, false},
         {"dense gate/up", 1, 10944, 2048, false, false},
+        {"dense down + residual", 1, 2048, 10944, false, true},
         {"lm_head + norm", 1, 102400, 2048, true, false},
     };
     std::printf("## stream GEMV shapes, M = 1, graph + PDL (us per launch; GB/s of W)\n\n");
