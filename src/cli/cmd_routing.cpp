@@ -108,6 +108,7 @@ struct SweepOptions {
     bool decode = false;
     // Prefetch and its timing model (routing sim only): a second table when --prefetch is given.
     std::string predictions, prefetch, layer_us = "50,26", queue = "demand-first";
+    uint64_t expert_bytes = 0;  // 0: the trace's
     double link_gbs = TimingModel{}.link_gbs, fetch_us = TimingModel{}.fetch_us;
 };
 
@@ -173,6 +174,9 @@ void add_prefetch_flags(CLI::App& cmd, SweepOptions& o) {
                    "misses are issued (the engine's every-hit gap)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    cmd.add_option("--expert-bytes", o.expert_bytes,
+                   "timing model: bytes of one expert in place of the trace's (e.g. 8670208, a "
+                   "V2-Lite FP8 expert, to time a small model's routing at V2-Lite's cost)");
     cmd.add_option("--queue", o.queue,
                    "timing model: demand-first (a layer's misses go ahead of prefetches not yet "
                    "started), fifo (they wait behind them) or both")
@@ -390,7 +394,8 @@ void add_sim(CLI::App& routing, int& exit_code) {
                 pred = std::make_unique<Predictions>(read_predictions(o->sweep.predictions, all));
                 *pred = select_predictions(*pred, all, o->tokens);
             }
-            const RoutingTrace tr = load_selected(o->trace, o->tokens);
+            RoutingTrace tr = load_selected(o->trace, o->tokens);
+            if (o->sweep.expert_bytes) tr.shape.expert_bytes = o->sweep.expert_bytes;
             print(format_prefetch(tr, run_prefetch_sweep(tr, pred.get(), o->sweep), f));
             return exit_ok;
         });
