@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/model_session.h"
 #include "cli/routing_report.h"
+#include "routing/prefetch.h"
 #include "routing/simulator.h"
 #include "routing/synthetic.h"
 #include "routing/trace.h"
@@ -105,6 +106,10 @@ struct SweepOptions {
     std::string admit = "all";
     std::string fetch = "host";
     bool decode = false;
+    // Prefetch and its timing model (routing sim only): a second table when --prefetch is given.
+    std::string predictions, prefetch, layer_us = "50,26", queue = "demand-first";
+    uint64_t expert_bytes = 0;  // 0: the trace's
+    double link_gbs = TimingModel{}.link_gbs, fetch_us = TimingModel{}.fetch_us;
 };
 
 void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
@@ -144,6 +149,41 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
         ->check(CLI::PositiveNumber);
 }
 
+void add_prefetch_flags(CLI::App& cmd, SweepOptions& o) {
+    cmd.add_option("--predictions", o.predictions,
+                   "the next layers' experts predicted by their routers, <i2 [T, L, D, k] .npy "
+                   "(record_routing_text --predict, routing gen --predictions-out); -1 past the "
+                   "last layer");
+    cmd.add_option("--prefetch", o.prefetch,
+                   "prefetch depths to simulate, comma-separated (0: off): once layer l's router "
+                   "has run, the experts predicted for layers l+1..l+D that are not in slots are "
+                   "loaded, never evicting layer l's or the predicted layer l+1's; prints a "
+                   "second table with prefetches used / wasted, bytes over the link and the "
+                   "timing model (depth > 0 needs --predictions, host fetch, online policies)");
+    cmd.add_option("--link-gbs", o.link_gbs,
+                   "timing model: GB/s of the host-to-GPU link (49: what the engine's device "
+                   "fetch measured; 55: the pinned copy peak)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--layer-us", o.layer_us,
+                   "timing model: A,M = us per layer of the attention/dense part and of the MoE "
+                   "part at full hit (H200 resident V2-Lite decode: 27 x 76 us)")
+        ->capture_default_str();
+    cmd.add_option("--fetch-us", o.fetch_us,
+                   "timing model: us per MoE layer for the fetch's own launches before the "
+                   "misses are issued (the engine's every-hit gap)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd.add_option("--expert-bytes", o.expert_bytes,
+                   "timing model: bytes of one expert in place of the trace's (e.g. 8670208, a "
+                   "V2-Lite FP8 expert, to time a small model's routing at V2-Lite's cost)");
+    cmd.add_option("--queue", o.queue,
+                   "timing model: demand-first (a layer's misses go ahead of prefetches not yet "
+                   "started), fifo (they wait behind them) or both")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"demand-first", "fifo", "both"}));
+}
+
 // Each name of a comma-separated flag value through `parse`; a bad or missing one is the
 // flag's one-line error.
 template <class T>
@@ -161,7 +201,9 @@ std::vector<T> parse_names(const std::string& text, T (*parse)(const std::string
     return out;
 }
 
-std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
+// The configurations of a sweep, in table order (pools, slots, admission, policy), not yet run;
+// those that cannot work carry the reason in `skipped`.
+std::vector<SweepRow> run_sweep_configs(const RoutingTrace& tr, const SweepOptions& o) {
     const std::vector<Policy> policies =
         parse_names(o.policies, parse_policy, "--policy", "at least one policy");
     std::vector<std::pair<std::string, int64_t>> slots;
@@ -169,7 +211,6 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
     if (slots.empty()) throw UserError("--slots: expected at least one cache size");
     const std::vector<Admission> admissions =
         parse_names(o.admit, parse_admission, "--admit", "all, frequency or both");
-    std::vector<int32_t> next;
     std::vector<SweepRow> rows;
     for (bool per_layer : parse_pools(o.pools, o.per_layer)) {
         for (const auto& [label, n] : slots) {
@@ -190,21 +231,89 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
                     } catch (const std::invalid_argument& e) {
                         row.skipped =
                             std::string(e.what()).substr(std::string("expert cache: ").size());
-                        rows.push_back(row);
-                        continue;
                     }
-                    if (o.fetch != "device") {
-                        if (p == Policy::belady && next.empty()) next = next_uses(tr);
-                        row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
-                        rows.push_back(row);
-                    }
-                    // The device fetch: where the engine can run it.
-                    if (o.fetch != "host" && !per_layer && a == Admission::all &&
-                        policy_is_online(p)) {
-                        row.result = simulate_device_fetch(tr, c, o.decode);
-                        rows.push_back(std::move(row));
-                    }
+                    rows.push_back(std::move(row));
                 }
+            }
+        }
+    }
+    return rows;
+}
+
+std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
+    std::vector<int32_t> next;
+    std::vector<SweepRow> rows;
+    for (SweepRow& row : run_sweep_configs(tr, o)) {
+        if (!row.skipped.empty()) {
+            rows.push_back(row);
+            continue;
+        }
+        const CacheConfig c = row.result.config;
+        const Policy p = c.policy;
+        if (o.fetch != "device") {
+            if (p == Policy::belady && next.empty()) next = next_uses(tr);
+            row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
+            rows.push_back(row);
+        }
+        // The device fetch: where the engine can run it.
+        if (o.fetch != "host" && !c.per_layer && c.admit == Admission::all && policy_is_online(p)) {
+            row.result = simulate_device_fetch(tr, c, o.decode);
+            rows.push_back(std::move(row));
+        }
+    }
+    return rows;
+}
+
+std::vector<PrefetchRow> run_prefetch_sweep(const RoutingTrace& tr, const Predictions* pred,
+                                            const SweepOptions& o) {
+    if (o.fetch != "host")
+        throw UserError(
+            "--prefetch simulates the host rules (--fetch host); the device fetch's hit rates "
+            "match them within 0.001 for lfu and decay (docs/expert-cache-policies.md)");
+    std::vector<int32_t> depths;
+    for (double d : parse_numbers(o.prefetch, "--prefetch")) {
+        if (!(d >= 0) || d != std::floor(d) || d > 4096)
+            throw UserError("--prefetch: expected whole depths >= 0");
+        if (d > 0 && !pred) throw UserError("--prefetch " + o.prefetch + ": needs --predictions");
+        if (d > 0 && int32_t(d) > pred->depth)
+            throw UserError("--prefetch " + std::to_string(int32_t(d)) +
+                            ": the predictions reach only " + std::to_string(pred->depth) +
+                            " layer(s) ahead");
+        depths.push_back(int32_t(d));
+    }
+    const std::vector<double> layer = parse_numbers(o.layer_us, "--layer-us");
+    if (layer.size() != 2 || !(layer[0] >= 0) || !(layer[1] >= 0))
+        throw UserError("--layer-us: expected A,M (two times in us, >= 0)");
+    TimingModel tm;
+    tm.link_gbs = o.link_gbs;
+    tm.attn_us = layer[0];
+    tm.moe_us = layer[1];
+    tm.fetch_us = o.fetch_us;
+    std::vector<bool> queues;
+    if (o.queue != "fifo") queues.push_back(true);
+    if (o.queue != "demand-first") queues.push_back(false);
+    std::vector<PrefetchRow> rows;
+    std::vector<int32_t> next;
+    for (const SweepRow& base : run_sweep_configs(tr, o)) {
+        for (int32_t d : depths) {
+            for (bool demand_first : queues) {
+                PrefetchRow row;
+                row.slots_label = base.slots_label;
+                row.result.sim.config = base.result.config;
+                row.result.depth = d;
+                row.skipped = base.skipped;
+                const CacheConfig& c = base.result.config;
+                if (row.skipped.empty() && d > 0 && !policy_is_online(c.policy))
+                    row.skipped = "prefetch needs an online policy";
+                if (!row.skipped.empty()) {
+                    rows.push_back(row);
+                    continue;
+                }
+                tm.demand_first = demand_first;
+                if (c.policy == Policy::belady && next.empty()) next = next_uses(tr);
+                row.result = simulate_prefetch(tr, c, pred, d, tm,
+                                               c.policy == Policy::belady ? &next : nullptr);
+                rows.push_back(std::move(row));
             }
         }
     }
@@ -264,14 +373,30 @@ void add_sim(CLI::App& routing, int& exit_code) {
         "layer and overall, for each policy and cache size (a sweep table)");
     cmd->add_option("TRACE", o->trace, "routing trace (.npz)")->required();
     add_sweep_flags(*cmd, o->sweep);
+    add_prefetch_flags(*cmd, o->sweep);
     cmd->add_option("--tokens", o->tokens, "which tokens: all, prefill or decode")
         ->capture_default_str();
     cmd->add_option("-o,--output", o->format, "md, json or csv")->capture_default_str();
     cmd->callback([o, &exit_code] {
         exit_code = guarded("routing sim", [&] {
             const ReportFormat f = parse_report_format(o->format);
-            const RoutingTrace tr = load_selected(o->trace, o->tokens);
-            print(format_sweep(tr, run_sweep(tr, o->sweep), f));
+            if (o->sweep.prefetch.empty()) {
+                if (!o->sweep.predictions.empty())
+                    throw UserError("--predictions: give --prefetch D to use them");
+                const RoutingTrace tr = load_selected(o->trace, o->tokens);
+                print(format_sweep(tr, run_sweep(tr, o->sweep), f));
+                return exit_ok;
+            }
+            // Predictions are checked against the whole trace, then cut like it.
+            const RoutingTrace all = load_selected(o->trace, "all");
+            std::unique_ptr<Predictions> pred;
+            if (!o->sweep.predictions.empty()) {
+                pred = std::make_unique<Predictions>(read_predictions(o->sweep.predictions, all));
+                *pred = select_predictions(*pred, all, o->tokens);
+            }
+            RoutingTrace tr = load_selected(o->trace, o->tokens);
+            if (o->sweep.expert_bytes) tr.shape.expert_bytes = o->sweep.expert_bytes;
+            print(format_prefetch(tr, run_prefetch_sweep(tr, pred.get(), o->sweep), f));
             return exit_ok;
         });
     });
@@ -285,6 +410,8 @@ void add_gen(CLI::App& routing, int& exit_code) {
         int64_t tokens = 10000;
         uint64_t seed = 1;
         double weight_sum = 1.0;
+        std::string predict_accuracy, predictions_out;
+        int32_t predict_depth = 1;
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = routing.add_subcommand(
@@ -322,8 +449,22 @@ void add_gen(CLI::App& routing, int& exit_code) {
     cmd->add_option("--weight-sum", o->weight_sum, "sum of a token's k routing weights")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--predict-accuracy", o->predict_accuracy,
+                    "with --predictions-out: the share of the real experts a prediction keeps, "
+                    "one value A (A^d for d layers ahead) or one per depth (the demo model's "
+                    "routers: 0.71,0.63,0.61,0.55); the others are random experts outside the "
+                    "real set");
+    cmd->add_option("--predict-depth", o->predict_depth,
+                    "with --predictions-out: layers ahead to predict (D)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4095));
+    cmd->add_option("--predictions-out", o->predictions_out,
+                    "also write predictions of the next D layers' experts, <i2 [T, L, D, k] .npy "
+                    "as record_routing_text --predict writes them (for routing sim --prefetch)");
     cmd->callback([o, &exit_code] {
         exit_code = guarded("routing gen", [&] {
+            if (o->predictions_out.empty() != o->predict_accuracy.empty())
+                throw UserError("--predict-accuracy and --predictions-out go together");
             SynthParams p;
             p.shape = preset_shape(o->preset);
             if (o->experts) p.shape.n_experts = o->experts;
@@ -342,10 +483,21 @@ void add_gen(CLI::App& routing, int& exit_code) {
             validate_shape(p.shape, "gen");
             RoutingTrace tr = generate_trace(p);
             tr.extra["preset"] = o->preset;
+            Predictions pred;
+            if (!o->predictions_out.empty())  // made first: a bad flag writes nothing
+                pred = generate_predictions(
+                    tr, parse_numbers(o->predict_accuracy, "--predict-accuracy"), o->predict_depth,
+                    o->seed);
             write_trace(tr, o->out);
             std::fprintf(
                 stderr, "minids routing gen: wrote %lld tokens x %d MoE layers x top-%d to %s\n",
                 (long long)tr.n_tokens, tr.shape.n_moe_layers(), tr.shape.top_k, o->out.c_str());
+            if (!o->predictions_out.empty()) {
+                write_predictions(pred, o->predictions_out);
+                std::fprintf(stderr,
+                             "minids routing gen: wrote predictions %d layer(s) ahead to %s\n",
+                             pred.depth, o->predictions_out.c_str());
+            }
             return exit_ok;
         });
     });

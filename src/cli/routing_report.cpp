@@ -302,6 +302,124 @@ std::string format_sweep(const RoutingTrace& tr, const std::vector<SweepRow>& ro
     return out;
 }
 
+std::string format_prefetch(const RoutingTrace& tr, const std::vector<PrefetchRow>& rows,
+                            ReportFormat f) {
+    const double mib = 1024.0 * 1024.0;
+    auto queue_name = [](const TimingModel& t) { return t.demand_first ? "demand-first" : "fifo"; };
+    auto share = [](int64_t part, int64_t whole) {
+        return whole ? double(part) / double(whole) : 0.0;
+    };
+    if (f == ReportFormat::json) {
+        nlohmann::json j = {{"trace", trace_json(tr)}, {"results", nlohmann::json::array()}};
+        for (const auto& row : rows) {
+            const PrefetchResult& r = row.result;
+            const CacheConfig& c = r.sim.config;
+            nlohmann::json o = {{"pools", pools_name(c)},
+                                {"slots", c.n_slots},
+                                {"policy", policy_label(r.sim)},
+                                {"prefetch_depth", r.depth}};
+            if (!row.skipped.empty()) {
+                o["skipped"] = row.skipped;
+                j["results"].push_back(o);
+                continue;
+            }
+            o["queue"] = queue_name(r.timing);
+            o["link_gbs"] = r.timing.link_gbs;
+            o["attn_us"] = r.timing.attn_us;
+            o["moe_us"] = r.timing.moe_us;
+            o["fetch_us"] = r.timing.fetch_us;
+            o["hit_rate"] = r.sim.hit_rate();
+            o["demand_misses_per_token"] = r.per_token(double(r.demand_misses));
+            o["prefetches_per_token"] = r.per_token(double(r.prefetches));
+            o["prefetch_used"] = r.prefetch_used;
+            o["prefetch_wasted"] = r.prefetch_wasted;
+            o["link_bytes_per_token"] = r.link_bytes_per_token();
+            o["ms_per_token"] = r.ms_per_token();
+            o["tok_per_s"] = r.tok_per_s();
+            o["link_busy_share"] = r.busy_share();
+            o["stall_ms_per_token"] = r.per_token(r.stall_us) / 1000.0;
+            o["link_time_hidden_share"] = r.hidden_share();
+            j["results"].push_back(o);
+        }
+        return j.dump(2) + "\n";
+    }
+    const std::vector<std::string> head = {"pools",
+                                           "slots",
+                                           "policy",
+                                           "prefetch",
+                                           "queue",
+                                           "hit rate",
+                                           "demand misses/token",
+                                           "prefetches/token",
+                                           "used",
+                                           "wasted",
+                                           "MiB/token over link",
+                                           "ms/token",
+                                           "tok/s",
+                                           "link busy",
+                                           "stall ms/token",
+                                           "link time hidden"};
+    std::string out;
+    if (f == ReportFormat::md) {
+        out = "Routing trace: " + trace_line(tr) + ".\n\n";
+        if (!rows.empty()) {
+            const TimingModel& t = rows[0].result.timing;
+            out += "Timing model: link " + fmt("%g", t.link_gbs) + " GB/s (" +
+                   fmt("%.1f", double(tr.shape.expert_bytes) / (t.link_gbs * 1e3)) +
+                   " us per expert), per layer " + fmt("%g", t.attn_us) + " us attention/dense + " +
+                   fmt("%g", t.moe_us) + " us MoE at full hit, fetch plan " +
+                   fmt("%g", t.fetch_us) +
+                   " us per MoE layer; one link, transfers in issue order, not preempted.\n\n";
+        }
+        out += md_row(head) + md_rule(head.size());
+    } else {
+        out = csv_join(head);
+    }
+    for (const auto& row : rows) {
+        const PrefetchResult& r = row.result;
+        const CacheConfig& c = r.sim.config;
+        std::vector<std::string> cells = {pools_name(c), std::to_string(c.n_slots),
+                                          policy_label(r.sim), std::to_string(r.depth)};
+        if (!row.skipped.empty()) {
+            cells.push_back("n/a: " + row.skipped);
+            cells.resize(head.size(), "");
+            out += f == ReportFormat::md ? md_row(cells) : csv_join(cells);
+            continue;
+        }
+        const int64_t resolved = r.prefetch_used + r.prefetch_wasted;
+        cells.push_back(queue_name(r.timing));
+        cells.push_back(fmt("%.3f", r.sim.hit_rate()));
+        cells.push_back(fmt("%.2f", r.per_token(double(r.demand_misses))));
+        cells.push_back(fmt("%.2f", r.per_token(double(r.prefetches))));
+        if (f == ReportFormat::md) {
+            cells.push_back(fmt("%.0f %%", 100 * share(r.prefetch_used, resolved)));
+            cells.push_back(fmt("%.0f %%", 100 * share(r.prefetch_wasted, resolved)));
+        } else {
+            cells.push_back(std::to_string(r.prefetch_used));
+            cells.push_back(std::to_string(r.prefetch_wasted));
+        }
+        cells.push_back(fmt("%.1f", r.link_bytes_per_token() / mib));
+        cells.push_back(fmt("%.3f", r.ms_per_token()));
+        cells.push_back(fmt("%.1f", r.tok_per_s()));
+        cells.push_back(fmt("%.0f %%", 100 * r.busy_share()));
+        cells.push_back(fmt("%.3f", r.per_token(r.stall_us) / 1000.0));
+        cells.push_back(fmt("%.0f %%", 100 * r.hidden_share()));
+        if (f == ReportFormat::csv) {
+            for (size_t i : {size_t(13), size_t(15)}) {  // shares as plain numbers in CSV
+                std::string& s = cells[i];
+                if (s.size() > 2 && s.substr(s.size() - 2) == " %") s.resize(s.size() - 2);
+            }
+        }
+        out += f == ReportFormat::md ? md_row(cells) : csv_join(cells);
+    }
+    if (f == ReportFormat::md)
+        out +=
+            "\n(used / wasted: shares of the prefetched experts that their layer read before "
+            "eviction / that were evicted or left unread; link time hidden: 1 - stall / link "
+            "busy time.)\n";
+    return out;
+}
+
 std::string format_fit(const FitResult& fit, const std::vector<SweepRow>& rec,
                        const std::vector<SweepRow>& gen, ReportFormat f) {
     const SynthParams& p = fit.params;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "routing/prefetch.h"
 #include "routing/simulator.h"
 #include "routing/synthetic.h"
 #include "routing/trace_stats.h"
@@ -24,6 +25,18 @@ std::string format_stats(const routing::RoutingTrace& trace, const routing::Trac
                          ReportFormat f);
 std::string format_sweep(const routing::RoutingTrace& trace, const std::vector<SweepRow>& rows,
                          ReportFormat f);
+
+// One configuration of the prefetch sweep (routing sim --prefetch), or one that could not run.
+struct PrefetchRow {
+    routing::PrefetchResult result;
+    std::string slots_label;
+    std::string skipped;
+};
+
+// The prefetch table: counts per token, used / wasted prefetches, bytes over the link and the
+// timing model's decode time, with the model's constants printed above it.
+std::string format_prefetch(const routing::RoutingTrace& trace,
+                            const std::vector<PrefetchRow>& rows, ReportFormat f);
 
 // The fit: parameters per layer, target vs achieved statistics, and the hit-rate curves of
 // the recorded and generated traces side by side (rows of `recorded` and `generated` match).

@@ -63,7 +63,9 @@ public:
     // Looks the key up, loads it on a miss (evicting the policy's victim when the pool is
     // full) and, with `pin`, pins its slot. Throws when every slot is pinned.
     AccessResult access(int32_t key, AccessHint hint = {}, bool pin = true) {
-        hint.now = now_++;
+        // A prefetch (no use) does not advance the clock: decay's half-life and the recency
+        // order stay counted in real uses, so prefetching changes no policy's sense of time.
+        hint.now = hint.use ? now_++ : now_;
         AccessResult r;
         int32_t s = slot_of_key_[size_t(key)];
         if (s >= 0) {
@@ -92,20 +94,30 @@ public:
             policy_.on_fill(s, key, hint);
             r.slot = s;
         }
-        if (pin) {
-            if (pins_[size_t(s)]++ == 0) pinned_.push_back(s);
-        }
+        if (pin) pin_slot(s);
         return r;
+    }
+    // Pins a resident key without counting a use (nothing in the policy moves); false when
+    // the key is not resident.
+    bool pin(int32_t key) {
+        const int32_t s = slot_of_key_[size_t(key)];
+        if (s < 0) return false;
+        pin_slot(s);
+        return true;
     }
     void unpin(int32_t key) {
         const int32_t s = slot_of_key_[size_t(key)];
         if (s < 0 || pins_[size_t(s)] == 0) throw std::logic_error("expert cache: not pinned");
-        --pins_[size_t(s)];  // pinned_ may keep the slot listed; unpin_all skips it harmlessly
+        // pinned_ may keep the slot listed; unpin_all skips it harmlessly
+        if (--pins_[size_t(s)] == 0) --n_pinned_;
     }
     void unpin_all() {
         for (int32_t s : pinned_) pins_[size_t(s)] = 0;
         pinned_.clear();
+        n_pinned_ = 0;
     }
+    // Slots with at least one pin: when it equals n_slots() a miss has no victim.
+    int32_t n_pinned() const { return n_pinned_; }
     // For an engine that fills slots on the device (the expert cache's device fetch): the next
     // `n` slots this pool would fill, in that order: the free slots, then the policy's victims
     // from the lowest ranked up. Pins are not consulted (such an engine pins nothing between
@@ -157,8 +169,15 @@ public:
     P& policy() { return policy_; }
 
 private:
+    void pin_slot(int32_t s) {
+        if (pins_[size_t(s)]++ == 0) {
+            pinned_.push_back(s);
+            ++n_pinned_;
+        }
+    }
     P policy_;
     bool admission_ = false;
+    int32_t n_pinned_ = 0;
     std::vector<int32_t> slot_of_key_, key_of_slot_;
     std::vector<uint32_t> pins_;
     std::vector<int32_t> pinned_;
@@ -247,6 +266,15 @@ public:
     }
     void unpin_all() {
         for (auto& p : pools_) p.unpin_all();
+    }
+    bool pin(int32_t layer, int32_t expert) {
+        if (pools_.size() == 1) return pools_[0].pin(layer * n_experts_ + expert);
+        return pools_[size_t(layer)].pin(expert);
+    }
+    // Whether every slot of the pool serving `layer` is pinned (a miss there has no victim).
+    bool full_of_pins(int32_t layer) const {
+        const SlotPool<P>& p = pools_[pools_.size() == 1 ? 0 : size_t(layer)];
+        return p.n_pinned() >= p.n_slots();
     }
     // Device fetch (SlotPool::victims / place / bypass): a global pool only.
     std::vector<int32_t> victims(int32_t n) const { return global().victims(n); }

@@ -275,4 +275,53 @@ FitResult fit_trace(const RoutingTrace& rec, int rounds, uint64_t seed, int64_t 
     return f;
 }
 
+Predictions generate_predictions(const RoutingTrace& tr, const std::vector<double>& accuracy,
+                                 int32_t depth, uint64_t seed) {
+    const int32_t L = tr.shape.n_moe_layers(), k = tr.shape.top_k, E = tr.shape.n_experts;
+    if (depth < 1 || depth >= std::max(L, 2))
+        throw std::invalid_argument("--predict-depth: must be in [1, " +
+                                    std::to_string(std::max(L - 1, 1)) + "]");
+    if (accuracy.size() != 1 && accuracy.size() != size_t(depth))
+        throw std::invalid_argument("--predict-accuracy: expected 1 or " + std::to_string(depth) +
+                                    " values (one per depth), found " +
+                                    std::to_string(accuracy.size()));
+    for (double a : accuracy)
+        if (!(a >= 0 && a <= 1))
+            throw std::invalid_argument("--predict-accuracy: values must be in [0, 1]");
+    std::vector<double> keep(static_cast<size_t>(depth));
+    for (int32_t d = 0; d < depth; ++d)  // one value A: A^(d+1) for d+1 layers ahead
+        keep[size_t(d)] = accuracy.size() == 1 ? std::pow(accuracy[0], d + 1) : accuracy[size_t(d)];
+    Predictions p;
+    p.n_tokens = tr.n_tokens;
+    p.n_layers = L;
+    p.depth = depth;
+    p.top_k = k;
+    p.ids.assign(size_t(tr.n_tokens) * size_t(L) * size_t(depth) * size_t(k), -1);
+    // A stream of its own (the trace's seed with a tag), so a trace and its predictions can be
+    // regenerated separately.
+    Rng rng(seed ^ 0x5052454449435453ull);
+    std::vector<uint8_t> taken(static_cast<size_t>(E));
+    for (int64_t t = 0; t < tr.n_tokens; ++t) {
+        for (int32_t l = 0; l < L; ++l) {
+            for (int32_t d = 0; d < depth && l + 1 + d < L; ++d) {
+                const uint16_t* real = tr.ids_at(t, l + 1 + d);
+                int16_t* out = p.ids.data() + ((t * L + l) * depth + d) * k;
+                std::fill(taken.begin(), taken.end(), 0);
+                for (int32_t j = 0; j < k; ++j) taken[real[j]] = 1;
+                int32_t n_taken = k;
+                for (int32_t j = 0; j < k; ++j) {
+                    out[j] = int16_t(real[j]);
+                    if (rng.uniform() < keep[size_t(d)] || n_taken >= E) continue;
+                    uint32_t e = rng.below(uint32_t(E));
+                    while (taken[e]) e = rng.below(uint32_t(E));
+                    taken[e] = 1;
+                    ++n_taken;
+                    out[j] = int16_t(e);
+                }
+            }
+        }
+    }
+    return p;
+}
+
 }  // namespace minids::routing

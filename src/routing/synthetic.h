@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "routing/prefetch.h"
 #include "routing/trace.h"
 #include "routing/trace_stats.h"
 
@@ -35,6 +36,15 @@ TraceShape preset_shape(const std::string& name);
 // Throws std::invalid_argument when a parameter is out of range or a per-layer list has the
 // wrong length.
 RoutingTrace generate_trace(const SynthParams& p);
+
+// Predictions for a trace (prefetch.h), as a router of known accuracy would make them: every
+// real expert of layer l+1+d is kept with probability accuracy[d] and otherwise replaced by a
+// random expert of that layer outside its real set and the replacements so far (so the row
+// stays distinct and a miss is a real miss); -1 past the last MoE layer. One value A means
+// A^(d+1) for d+1 layers ahead. Deterministic for a seed. Throws std::invalid_argument when the
+// depth is not in [1, L-1] or an accuracy is outside [0, 1].
+Predictions generate_predictions(const RoutingTrace& trace, const std::vector<double>& accuracy,
+                                 int32_t depth, uint64_t seed);
 
 struct FitResult {
     SynthParams params;           // per-layer fitted values, the recorded shape and length
