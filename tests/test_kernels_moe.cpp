@@ -629,10 +629,13 @@ struct RouterProblem {
         return {logits.download<float>(), probs.download<float>(), weights.download<float>(),
                 rows.download<float>(), ids.download<int32_t>()};
     }
-    // NaN everywhere (0xff bytes): nothing a path fails to write can pass for a result.
+    // NaN everywhere (0xff bytes): nothing a path fails to write can pass for a result. (A
+    // memset of device memory may return before it is done, on the legacy stream, which the
+    // tests' non-blocking streams do not wait for: synchronize.)
     void poison() const {
         for (const DeviceBuffer* b : {&logits, &probs, &weights, &rows, &ids})
             CUDA_CHECK(cudaMemset(b->ptr, 0xff, b->bytes));
+        CUDA_CHECK(cudaDeviceSynchronize());
     }
 };
 
@@ -760,7 +763,7 @@ TEST_CASE("cuda moe_router_route: replayed from a CUDA graph after a PDL produce
             CAPTURE(rep);
             x0.upload(test::random_floats(size_t(T * K0), 7200 + uint64_t(rep)));
             CUDA_CHECK(cudaMemset(P.x.ptr, 0xff, P.x.bytes));
-            P.poison();
+            P.poison();  // and synchronizes
             CUDA_CHECK(cudaGraphLaunch(exec, stream));
             CUDA_CHECK(cudaStreamSynchronize(stream));
             CHECK(P.ticket.download<uint32_t>()[0] == 0u);
