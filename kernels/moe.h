@@ -46,6 +46,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "mgl.h"
 
@@ -82,6 +83,52 @@ void moe_weights(const MoeRoutingParams& p, cudaStream_t stream);
 // The ids and weights equal moe_topk / moe_weights applied to these probs; the probs match the
 // CPU softmax to rounding (expf may differ from the host's by an ulp).
 void moe_route(const MoeRoutingParams& p, cudaStream_t stream);
+
+// The router matmul and moe_route in one launch, for decode (at most 8 tokens): at batch 1 the
+// router's GEMV and the routing are each pure latency (launch, first loads, one block doing a
+// few µs of work), so one kernel does both. Every block computes the logits of 8 experts (one
+// weight row per warp, streamed as matmul's stream GEMV does, the first loads issued before the
+// PDL wait) into `logits`; the last block to finish (an atomic ticket) routes every token from
+// them with moe_route's own code (moe_route.cuh). The logits are the stream GEMV's arithmetic
+// operation for operation (matmul_stream.cu), so they, and then probs, ids and weights, are the
+// bits that matmul + moe_route give on the same inputs.
+struct MoeRouterRouteParams {
+    const float* x = nullptr;  // [T, D], row stride x_stride (0 = D); rows 16-byte aligned
+    int64_t x_stride = 0;
+    int64_t n_embd = 0;                         // D, a multiple of 8
+    const void* w = nullptr;                    // router weights [E, D], 16-byte aligned
+    mgl::dtype w_type = mgl::dtype::bf16;       // bf16 only
+    int64_t w_row_stride = 0;                   // bytes between rows (0 = 2·D), a multiple of 16
+    bool rms_norm = false;                      // route rms_norm(x) · norm_w instead of x
+    const void* norm_w = nullptr;               // [D], null = no weight; 16-byte aligned
+    mgl::dtype norm_w_type = mgl::dtype::bf16;  // bf16 or f32
+    float norm_eps = 1e-6f;
+    float* norm_out = nullptr;    // with rms_norm, optional: the normalized rows [T, D] (as
+    int64_t norm_out_stride = 0;  // matmul's norm_out), row stride in floats (0 = D)
+    float* logits = nullptr;      // [T, E] contiguous, written: the scratch the routing reads
+    // One device counter, 0 before the first launch; every launch leaves it at 0 (so a replayed
+    // CUDA graph finds it so). Launches that may run at the same time need different counters.
+    unsigned int* ticket = nullptr;
+    // Routing, as moe_route: probs_out optional [T, E], ids and weights [T, k], contiguous.
+    float* probs_out = nullptr;
+    int32_t* ids = nullptr;
+    float* weights = nullptr;
+    int64_t n_tokens = 0;   // T <= moe_router_route_max_tokens
+    int64_t n_experts = 0;  // E <= moe_router_route_max_experts
+    mgl::moe_route_params route;
+    // Launched dependent on the previous kernel: the first router weights are requested before
+    // waiting for it, x and everything else read or written after.
+    bool pdl = false;
+};
+constexpr int64_t moe_router_route_max_tokens = 8;
+constexpr int64_t moe_router_route_max_experts = 256;
+
+// Why moe_router_route cannot take these parameters (shape, dtype, alignment, routing), or empty
+// when it can; the pointers' alignment is checked, not their presence. Needs no device; the
+// backend asks it to fall back to matmul + moe_route.
+std::string moe_router_route_unsupported(const MoeRouterRouteParams& p);
+// Throws mgl::error with moe_router_route_unsupported's reason, or for a missing pointer.
+void moe_router_route(const MoeRouterRouteParams& p, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Routed experts (+ shared expert, + residual)

@@ -12,8 +12,8 @@
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
 # and of the prompt pass) whose tables go to $OUT/profile_f8.log.
-# --norm-out also runs the demo model (GPU vs CPU) and the FP8 tg128 with the norm_out fusion on
-# (MINIDS_CUDA_FUSE; off by default until measured).
+# --norm-out also runs the demo model (GPU vs CPU) and the FP8 tg128 with the norm_out fusion on,
+# and with norm_out and router_route on (MINIDS_CUDA_FUSE; both off by default until measured).
 # --ncu adds scripts/ncu_decode.sh: Nsight Compute's time of every kernel of one decode step
 # (table in $OUT/ncu_summary.txt, its top lines in the summary).
 #
@@ -80,11 +80,15 @@ timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cpu > "$OUT/demo_cpu
 if cmp -s "$OUT/demo_gpu.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
 say "demo model greedy 48 tokens, GPU vs CPU: $same; GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
 FUSE_NORM_OUT="norm,residual,route,mla_prep,norm_out"
+FUSE_ROUTER="$FUSE_NORM_OUT,router_route"
 if [[ $NORM_OUT == 1 ]]; then
-    MINIDS_CUDA_FUSE=$FUSE_NORM_OUT timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 \
-        --cache-type-k f32 > "$OUT/demo_gpu_norm_out.txt" 2> "$OUT/demo_gpu_norm_out.log"
-    if cmp -s "$OUT/demo_gpu_norm_out.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
-    say "demo model greedy 48 tokens, GPU with norm_out vs CPU: $same"
+    for pair in "norm_out:$FUSE_NORM_OUT" "norm_out+router_route:$FUSE_ROUTER"; do
+        name=${pair%%:*} fuse=${pair#*:}
+        MINIDS_CUDA_FUSE=$fuse timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 \
+            --cache-type-k f32 > "$OUT/demo_gpu_$name.txt" 2> "$OUT/demo_gpu_$name.log"
+        if cmp -s "$OUT/demo_gpu_$name.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
+        say "demo model greedy 48 tokens, GPU with $name vs CPU: $same"
+    done
 fi
 
 # 3. Synthetic V2-Lite: FP8 experts, then BF16 experts (each converted, benchmarked, deleted).
@@ -111,8 +115,8 @@ bench_model() {  # $1 = expert dtype
     if [[ $QUICK == 0 && $1 == f8_e4m3 ]]; then
         timeout 400 "$BIN/minids" bench -m "$f" -p 0 -n 128 -d 32768 -r 3 -o md > "$OUT/bench_$1_d32k.md" 2>> "$OUT/bench_$1.log"
     fi
-    if [[ $NORM_OUT == 1 ]]; then  # the same tg128 with norm_out, then without, back to back
-        for fuse in "$FUSE_NORM_OUT" all; do
+    if [[ $NORM_OUT == 1 ]]; then  # the same tg128 with norm_out (+ router_route), then without
+        for fuse in "$FUSE_NORM_OUT" "$FUSE_ROUTER" all; do
             MINIDS_CUDA_FUSE=$fuse timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 128 -r $reps -o md \
                 2>/dev/null | grep -E '\| tg' | while read -r line; do say "bench $1 (MINIDS_CUDA_FUSE=$fuse): $line"; done
         done

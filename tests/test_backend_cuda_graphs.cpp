@@ -62,18 +62,27 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
     mgl::cuda_options with_norm_out;
     with_norm_out.fuse.norm_out = true;
     auto out_be = mgl::make_cuda_backend(with_norm_out);
+    // router_route (off by default), with norm_out: the router matmul runs in the route launch
+    // up to 8 rows, normalizing and writing the FFN norm's row itself at T = 1 (norm_out) and
+    // reading the norm's output at T = 3.
+    mgl::cuda_options with_router;
+    with_router.fuse.norm_out = true;
+    with_router.fuse.router_route = true;
+    auto router_be = mgl::make_cuda_backend(with_router);
     for (int64_t T : {1, 3, 20}) {
         for (dtype pages_type : {dtype::f32, dtype::bf16}) {
             for (dtype experts : {dtype::bf16, dtype::f8_e4m3}) {
                 CAPTURE(T);
                 CAPTURE(std::string(mgl::dtype_name(pages_type)));
                 CAPTURE(std::string(mgl::dtype_name(experts)));
-                side cpu(*cpu_be), fused(*fused_be), plain(*plain_be), outn(*out_be);
-                layer_io io_c, io_f, io_p, io_o;
+                side cpu(*cpu_be), fused(*fused_be), plain(*plain_be), outn(*out_be),
+                    routed(*router_be);
+                layer_io io_c, io_f, io_p, io_o, io_r;
                 const auto want = cpu.run(decoder_layer(cpu, T, pages_type, experts, io_c));
                 const auto got_f = fused.run(decoder_layer(fused, T, pages_type, experts, io_f));
                 const auto got_p = plain.run(decoder_layer(plain, T, pages_type, experts, io_p));
                 const auto got_o = outn.run(decoder_layer(outn, T, pages_type, experts, io_o));
+                const auto got_r = routed.run(decoder_layer(routed, T, pages_type, experts, io_r));
                 const mgl::cuda_graph_info fi = mgl::cuda_graph_info_of(*fused_be, fused.graph);
                 const mgl::cuda_graph_info pi = mgl::cuda_graph_info_of(*plain_be, plain.graph);
                 INFO("fused: " << fi.launches << " launches for " << fi.nodes << " nodes ("
@@ -88,9 +97,17 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                     CHECK(fi.launches < pi.launches);
                 }
                 CHECK(pi.fused_norm + pi.fused_residual + pi.fused_route + pi.fused_mla_prep == 0);
-                if (!std::getenv("MINIDS_CUDA_FUSE"))
+                CHECK(fi.fused_router_route == 0);  // off by default
+                if (!std::getenv("MINIDS_CUDA_FUSE")) {
                     CHECK(mgl::cuda_graph_info_of(*out_be, outn.graph).fused_norm_out ==
                           (T == 1 ? 1 : 0));
+                    const mgl::cuda_graph_info ri =
+                        mgl::cuda_graph_info_of(*router_be, routed.graph);
+                    CHECK(ri.fused_router_route == (T <= 8 ? 1 : 0));
+                    CHECK(ri.fused_norm_out == (T == 1 ? 1 : 0));
+                    CHECK(ri.launches == mgl::cuda_graph_info_of(*out_be, outn.graph).launches -
+                                             size_t(ri.fused_router_route));
+                }
                 // T <= 16 with f32 pages runs FP32 paths throughout; attention over bf16 pages
                 // runs on tensor cores (q and probabilities rounded to BF16: measured 3.9-4.2e-3
                 // at T = 1), and T = 20 also takes cuBLAS (BF16 x) and grouped MoE on tensor
@@ -114,6 +131,15 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                 CHECK(e_between <= bound);
                 INFO("norm_out vs CPU " << e_norm_out);
                 CHECK(e_norm_out <= bound);
+                // The fused router computes the stream GEMV's logits operation for operation:
+                // against the norm_out backend (same fusions but the router's), the same bits
+                // are expected; 1e-6 leaves room for what this test cannot see.
+                const double e_router = compare(got_r, want, exact_paths);
+                const double e_router_vs_out = compare(got_r, got_o, exact_paths);
+                INFO("router_route vs CPU " << e_router << ", vs norm_out " << e_router_vs_out);
+                CHECK(e_router <= bound);
+                if (exact_paths) CHECK(routing_flips(got_r[1], want[1], k) == 0);
+                CHECK(e_router_vs_out <= 1e-6);
             }
         }
     }

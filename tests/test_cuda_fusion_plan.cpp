@@ -33,8 +33,19 @@ std::vector<step> fused_steps(const mgl::graph& g, const mgl::cuda::fusion_plan&
         step s;
         if (auto it = f.route_at.find(n); it != f.route_at.end()) {
             const auto& r = it->second;
-            s.reads = {r.softmax->src[0]};
-            s.writes = {r.softmax, r.topk, r.weights};
+            if (const mgl::tensor* mm = r.router) {
+                // router_route: the router matmul (and its folded norm) run here, the logits and
+                // with norm_out the norm's rows written here.
+                add_srcs(s.reads, *mm);
+                if (auto nt = f.norm_of.find(mm); nt != f.norm_of.end())
+                    add_srcs(s.reads, *nt->second);
+                s.writes = {mm, r.softmax, r.topk, r.weights};
+                if (auto wn = f.writes_norm.find(mm); wn != f.writes_norm.end())
+                    s.writes.push_back(wn->second);
+            } else {
+                s.reads = {r.softmax->src[0]};
+                s.writes = {r.softmax, r.topk, r.weights};
+            }
         } else if (auto pt = f.prep_at.find(n); pt != f.prep_at.end()) {
             const auto& p = pt->second;
             for (const mgl::tensor* m : {p.kv_norm, p.k_rope, p.store, p.q_rope})
@@ -163,7 +174,105 @@ TEST_CASE("mgl cuda fusion planner (host only): every fusion found, no memory ha
             CHECK(fo.skipped.count(norm) == 1);
         }
         CHECK(simulate(g, fused_steps(g, fo), mgl::plan_allocation(g, 256, fo.also_reads)) == 0);
+        // With router_route (off by default) the router matmul runs in the route step at decode
+        // sizes (up to 8 rows), alone, with the norm folded (norm_moe: the FFN norm is folded
+        // into the router) or written (norm_out, one row); never for the grouped path (T = 20).
+        CHECK(f.n_router_route == 0);
+        for (int variant = 0; variant < 3; ++variant) {
+            CAPTURE(variant);
+            mgl::cuda_fusions on;
+            on.router_route = true;
+            on.norm_moe = variant == 1;
+            on.norm_out = variant == 2;
+            const mgl::cuda::fusion_plan fr = mgl::cuda::plan_fusions(g, on);
+            CHECK(fr.n_route == 1);
+            CHECK(fr.n_router_route == (T <= 8 ? 1 : 0));
+            CHECK(fr.n_norm_out == (variant == 2 && T == 1 ? 1 : 0));
+            for (const auto& [w, r] : fr.route_at) {
+                if (!r.router) continue;
+                CHECK(r.router == r.softmax->src[0]);
+                CHECK(r.router->op_kind == mgl::op::matmul);
+                CHECK(fr.skipped.count(r.router) == 1);
+                // The norm is folded into the router (and so into the fused step) when norm_moe
+                // or norm_out fold it; plain norm leaves it (the experts read it too).
+                CHECK(fr.norm_of.count(r.router) ==
+                      size_t(variant == 1 || (variant == 2 && T == 1)));
+            }
+            const auto fr_steps = fused_steps(g, fr);
+            CHECK(fr_steps.size() == fused_steps(g, on.norm_out   ? fo
+                                                    : on.norm_moe ? fm
+                                                                  : f)
+                                             .size() -
+                                         size_t(fr.n_router_route));
+            CHECK(simulate(g, fr_steps, mgl::plan_allocation(g, 256, fr.also_reads)) == 0);
+        }
     }
+}
+
+TEST_CASE("mgl cuda fusion planner (host only): router_route refuses what its kernel cannot take") {
+    // A router whose logits are a graph output (or read elsewhere), more than 8 rows, f8 or f32
+    // weights, more than 256 experts: the route group stays, its matmul runs on its own.
+    auto cpu_be = mgl::make_cpu_backend(1);
+    struct Case {
+        const char* what;
+        int64_t T, E;
+        dtype w;
+        int logits_use;  // 0: the softmax only, 1: also a graph output, 2: also read by an add
+        bool fused;
+    };
+    const Case cases[] = {{"decode", 1, 64, dtype::bf16, 0, true},
+                          {"8 rows", 8, 160, dtype::bf16, 0, true},
+                          {"256 experts", 2, 256, dtype::bf16, 0, true},
+                          {"9 rows", 9, 64, dtype::bf16, 0, false},
+                          {"logits an output", 1, 64, dtype::bf16, 1, false},
+                          {"logits read twice", 1, 64, dtype::bf16, 2, false},
+                          {"f32 weights", 1, 64, dtype::f32, 0, false},
+                          {"300 experts", 1, 300, dtype::bf16, 0, false}};
+    for (const Case& c : cases) {
+        CAPTURE(c.what);
+        side s(*cpu_be);
+        const int64_t D = 64;
+        mgl::tensor* x = s.random(dtype::f32, {c.T, D}, 1);
+        mgl::tensor* n = mgl::rms_norm(s.ctx, x, s.random(dtype::bf16, {D}, 2), 1e-6f);
+        mgl::tensor* logits = mgl::matmul(s.ctx, n, s.random(c.w, {c.E, D}, 3));
+        mgl::moe_route_params route;
+        route.k = 6;
+        mgl::tensor* probs = mgl::softmax(s.ctx, logits);
+        mgl::tensor* ids = mgl::moe_topk(s.ctx, probs, route);
+        mgl::tensor* w = mgl::moe_weights(s.ctx, probs, ids, route);
+        std::vector<mgl::tensor*> outs{ids, w};
+        if (c.logits_use == 1) outs.push_back(logits);
+        if (c.logits_use == 2) outs.push_back(mgl::add(s.ctx, logits, logits));
+        mgl::graph g = mgl::build_graph(s.ctx, std::span<mgl::tensor* const>(outs));
+        mgl::cuda_fusions on;
+        on.router_route = true;
+        const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, on);
+        CHECK(f.n_route == 1);
+        CHECK(f.n_router_route == (c.fused ? 1 : 0));
+        CHECK(f.skipped.count(logits) == (c.fused ? 1u : 0u));
+        CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
+    }
+}
+
+TEST_CASE("mgl cuda fusion switches from MINIDS_CUDA_FUSE (host only)") {
+    const char* old = std::getenv("MINIDS_CUDA_FUSE");
+    const std::string saved = old ? old : "";
+    setenv("MINIDS_CUDA_FUSE", "norm,route,router_route", 1);
+    const mgl::cuda_fusions on = mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{});
+    CHECK(on.norm);
+    CHECK(on.route);
+    CHECK(on.router_route);
+    CHECK(!on.residual);
+    CHECK(!on.norm_out);
+    setenv("MINIDS_CUDA_FUSE", "all", 1);
+    CHECK(
+        !mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}).router_route);  // off by default
+    setenv("MINIDS_CUDA_FUSE", "router", 1);
+    CHECK_THROWS_AS(mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}), mgl::error);
+    if (old)
+        setenv("MINIDS_CUDA_FUSE", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_CUDA_FUSE");
 }
 
 TEST_CASE("mgl cuda fusion planner (host only): no fusion of a graph output or a shared product") {
@@ -226,6 +335,24 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
         CHECK(fo.n_norm_out == (T == 1 ? n_moe : 0));
         CHECK(simulate(g, fused_steps(g, fo), mgl::plan_allocation(g, 256, fo.also_reads)) == 0);
         CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
+        // router_route: every MoE layer's router runs in its route step at decode sizes, with
+        // the FFN norm written by it under norm_out (T = 1).
+        for (const bool with_norm_out : {false, true}) {
+            CAPTURE(with_norm_out);
+            mgl::cuda_fusions rr;
+            rr.router_route = true;
+            rr.norm_out = with_norm_out;
+            const mgl::cuda::fusion_plan fr = mgl::cuda::plan_fusions(g, rr);
+            CHECK(fr.n_route == n_moe);
+            CHECK(fr.n_router_route == (T <= 8 ? n_moe : 0));
+            CHECK(fr.n_norm_out == (with_norm_out && T == 1 ? n_moe : 0));
+            int with_norm = 0;
+            for (const auto& [w, r] : fr.route_at)
+                with_norm += r.router && fr.writes_norm.count(r.router) ? 1 : 0;
+            CHECK(with_norm == fr.n_norm_out);
+            CHECK(simulate(g, fused_steps(g, fr), mgl::plan_allocation(g, 256, fr.also_reads)) ==
+                  0);
+        }
     }
 }
 

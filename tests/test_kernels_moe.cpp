@@ -1,5 +1,6 @@
 // CUDA MoE routing kernels (moe_topk, moe_weights, moe_route) against mgl's CPU ops, parameter
-// checks of every MoE launcher, and a routing + experts step replayed as a CUDA graph.
+// checks of every MoE launcher, a routing + experts step replayed as a CUDA graph, and the fused
+// router (moe_router_route) against the unfused matmul + moe_route.
 // The expert kernels themselves are tested in test_kernels_moe_experts.cpp.
 #ifdef MINIDS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -8,9 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "matmul.h"
 #include "moe.h"
 #include "moe_cuda_fixture.h"
 #include "test_mgl_util.h"
@@ -478,5 +481,352 @@ TEST_CASE("cuda moe route + experts captured as a CUDA graph: replays equal eage
         CUDA_CHECK(cudaGraphDestroy(graph));
         CUDA_CHECK(cudaStreamDestroy(stream));
     }
+}
+
+// ---- moe_router_route: the router matmul and moe_route in one launch ----
+namespace {
+
+// Whether a token's selection from these logits (softmax keeps their order) has a near-tie at a
+// place that decides it: its k-th and (k+1)-th candidates, or, group-limited, the topk_group-th
+// and the next group's scores, closer than `tol`. Only there may a last-bit difference of the
+// logits change the ids; everywhere else they must be identical.
+bool near_tie(const float* l, int64_t E, const mgl::moe_route_params& p, double tol = 1e-5) {
+    auto close = [&](float a, float b) { return std::abs(double(a) - double(b)) <= tol; };
+    std::vector<char> alive(size_t(E), 1);
+    if (p.method == mgl::topk_method::group_limited_greedy) {
+        const int64_t gs = E / p.n_group;
+        std::vector<std::pair<float, int>> score;
+        for (int g = 0; g < p.n_group; ++g) {
+            float mx = -INFINITY;
+            for (int64_t e = g * gs; e < (g + 1) * gs; ++e) mx = std::max(mx, l[e]);
+            score.push_back({mx, g});
+        }
+        std::sort(score.begin(), score.end(), [](auto a, auto b) {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
+        if (p.topk_group < p.n_group &&
+            close(score[size_t(p.topk_group - 1)].first, score[size_t(p.topk_group)].first))
+            return true;
+        for (size_t g = size_t(p.topk_group); g < score.size(); ++g)
+            for (int64_t e = score[g].second * gs; e < (score[g].second + 1) * gs; ++e)
+                alive[size_t(e)] = 0;
+    }
+    std::vector<float> v;
+    for (int64_t e = 0; e < E; ++e)
+        if (alive[size_t(e)]) v.push_back(l[e]);
+    std::sort(v.begin(), v.end(), std::greater<float>());
+    return int64_t(v.size()) > p.k && close(v[size_t(p.k - 1)], v[size_t(p.k)]);
+}
+
+enum class RouterNorm { none, bf16, bf16_out, f32_out, no_weight_out };
+
+// One router problem on the device: x [T, D], BF16 router weights [E, D], an optional norm, and
+// the outputs of either path (logits, probs, ids, weights, the norm's rows).
+struct RouterProblem {
+    int64_t T, E, D;
+    mgl::moe_route_params route;
+    RouterNorm norm;
+    DeviceBuffer x, w, g, logits, probs, ids, weights, rows, ticket;
+
+    RouterProblem(int64_t T_, int64_t E_, int64_t D_, const mgl::moe_route_params& r, RouterNorm n,
+                  uint64_t seed)
+        : T(T_),
+          E(E_),
+          D(D_),
+          route(r),
+          norm(n),
+          x(size_t(T * D) * 4),
+          w(size_t(E * D) * 2),
+          g(size_t(D) * 4),
+          logits(size_t(T * E) * 4),
+          probs(size_t(T * E) * 4),
+          ids(size_t(T * r.k) * 4),
+          weights(size_t(T * r.k) * 4),
+          rows(size_t(T * D) * 4),
+          ticket(4, 0) {
+        x.upload(test::random_floats(size_t(T * D), seed, -1.0f, 1.0f));
+        // Logits of order 1 (softmax neither flat nor one-hot): |w| ~ 1 / sqrt(D).
+        const float a = 2.0f / std::sqrt(float(D));
+        const auto wf = test::random_floats(size_t(E * D), seed + 1, -a, a);
+        std::vector<uint16_t> wb(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i) wb[i] = mgl::f32_to_bf16(wf[i]);
+        w.upload(wb);
+        const auto gf = test::random_floats(size_t(D), seed + 2, 0.5f, 1.5f);
+        if (norm == RouterNorm::f32_out) {
+            g.upload(gf);
+        } else {
+            std::vector<uint16_t> gb(gf.size());
+            for (size_t i = 0; i < gf.size(); ++i) gb[i] = mgl::f32_to_bf16(gf[i]);
+            g.upload(gb);
+        }
+    }
+    bool normed() const { return norm != RouterNorm::none; }
+    bool writes_rows() const {
+        return norm == RouterNorm::bf16_out || norm == RouterNorm::f32_out ||
+               norm == RouterNorm::no_weight_out;
+    }
+    const void* norm_w() const { return norm == RouterNorm::no_weight_out ? nullptr : g.ptr; }
+    mgl::dtype norm_w_type() const {
+        return norm == RouterNorm::f32_out ? mgl::dtype::f32 : mgl::dtype::bf16;
+    }
+
+    // The unfused path: the stream GEMV (with its norm prologue and norm_out), then moe_route.
+    void unfused(cudaStream_t stream) const {
+        kernels::MatmulParams m = kernels::matmul_params_contiguous(
+            mgl::dtype::bf16, w.ptr, nullptr, x.as<float>(), logits.as<float>(), 1, T, E, D);
+        m.path = kernels::MatmulPath::stream;
+        if (normed()) {
+            m.rms_norm = true;
+            m.norm_w = norm_w();
+            m.norm_w_type = norm_w_type();
+            m.norm_eps = 1e-6f;
+            if (writes_rows()) {
+                m.norm_out = rows.as<float>();
+                m.norm_out_row_stride = D;
+            }
+        }
+        REQUIRE(kernels::matmul_workspace_bytes(m) == 0);
+        kernels::matmul(m, {}, stream);
+        kernels::MoeRoutingParams r;
+        r.logits = logits.as<float>();
+        r.probs_out = probs.as<float>();
+        r.ids = ids.as<int32_t>();
+        r.weights = weights.as<float>();
+        r.n_tokens = T;
+        r.n_experts = E;
+        r.route = route;
+        kernels::moe_route(r, stream);
+    }
+    kernels::MoeRouterRouteParams fused_params() const {
+        kernels::MoeRouterRouteParams p;
+        p.x = x.as<float>();
+        p.n_embd = D;
+        p.w = w.ptr;
+        if (normed()) {
+            p.rms_norm = true;
+            p.norm_w = norm_w();
+            p.norm_w_type = norm_w_type();
+            p.norm_eps = 1e-6f;
+            if (writes_rows()) p.norm_out = rows.as<float>();
+        }
+        p.logits = logits.as<float>();
+        p.ticket = ticket.as<unsigned int>();
+        p.probs_out = probs.as<float>();
+        p.ids = ids.as<int32_t>();
+        p.weights = weights.as<float>();
+        p.n_tokens = T;
+        p.n_experts = E;
+        p.route = route;
+        return p;
+    }
+    void fused(cudaStream_t stream) const { kernels::moe_router_route(fused_params(), stream); }
+
+    struct Out {
+        std::vector<float> logits, probs, weights, rows;
+        std::vector<int32_t> ids;
+    };
+    Out download() const {
+        return {logits.download<float>(), probs.download<float>(), weights.download<float>(),
+                rows.download<float>(), ids.download<int32_t>()};
+    }
+    // NaN everywhere (0xff bytes): nothing a path fails to write can pass for a result. (A
+    // memset of device memory may return before it is done, on the legacy stream, which the
+    // tests' non-blocking streams do not wait for: synchronize.)
+    void poison() const {
+        for (const DeviceBuffer* b : {&logits, &probs, &weights, &rows, &ids})
+            CUDA_CHECK(cudaMemset(b->ptr, 0xff, b->bytes));
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
+};
+
+bool close_rel(float got, float want, double rel) {
+    return std::abs(double(got) - double(want)) <= rel * std::abs(double(want)) + 1e-30;
+}
+
+// The fused outputs against the unfused ones: logits and probs to 1e-6 relative (expected
+// identical: the same arithmetic), the ids equal for every token without a near-tie at a deciding
+// place, and those tokens' weights to 1e-6 relative; the norm's rows likewise.
+void check_router_outputs(const RouterProblem& P, const RouterProblem::Out& got,
+                          const RouterProblem::Out& want) {
+    const int64_t T = P.T, E = P.E, k = P.route.k;
+    int bad_logits = 0, bad_probs = 0, exact_logits = 0, bad_rows = 0;
+    for (size_t i = 0; i < size_t(T * E); ++i) {
+        bad_logits += !close_rel(got.logits[i], want.logits[i], 1e-6);
+        bad_probs += !close_rel(got.probs[i], want.probs[i], 1e-6);
+        exact_logits += std::memcmp(&got.logits[i], &want.logits[i], 4) == 0;
+    }
+    if (P.writes_rows())
+        for (size_t i = 0; i < size_t(T * P.D); ++i)
+            bad_rows += !close_rel(got.rows[i], want.rows[i], 1e-6);
+    int ties = 0, bad_ids = 0, bad_weights = 0;
+    for (int64_t t = 0; t < T; ++t) {
+        if (near_tie(&want.logits[size_t(t * E)], E, P.route)) {
+            ++ties;
+            continue;
+        }
+        for (int64_t j = 0; j < k; ++j) {
+            const size_t i = size_t(t * k + j);
+            bad_ids += got.ids[i] != want.ids[i];
+            bad_weights += !close_rel(got.weights[i], want.weights[i], 1e-6);
+        }
+    }
+    INFO("logits bit-identical: " << exact_logits << " of " << T * E << "; tokens with a near-tie "
+                                  << ties << " of " << T);
+    CHECK(bad_logits == 0);
+    CHECK(bad_probs == 0);
+    CHECK(bad_rows == 0);
+    CHECK(bad_ids == 0);
+    CHECK(bad_weights == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda moe_router_route: as the stream GEMV + moe_route, every shape and norm" *
+          doctest::skip(no_gpu)) {
+    struct Cfg {
+        int64_t E, D;
+        mgl::moe_route_params p;
+    };
+    std::vector<Cfg> cfgs;
+    for (int64_t E : {64, 160, 256})
+        for (int k : {6, 8}) {
+            cfgs.push_back({E, 2048, greedy(k, k == 8)});
+            cfgs.push_back({E, 2048, grouped(k, 8, k == 6 ? 3 : 4, k == 6)});
+        }
+    cfgs.push_back({256, 5120, greedy(16)});             // V2's D; the greedy rounds (NB = 0)
+    cfgs.push_back({40, 1000, grouped(6, 8, 3, true)});  // a partial last block and chunk round
+    cfgs.push_back({7, 64, greedy(3)});                  // fewer experts than one block's warps
+    const RouterNorm norms[] = {RouterNorm::none, RouterNorm::bf16, RouterNorm::bf16_out,
+                                RouterNorm::f32_out, RouterNorm::no_weight_out};
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    uint64_t seed = 4000;
+    int run = 0;
+    for (const Cfg& c : cfgs) {
+        for (int64_t T = 1; T <= 8; ++T) {
+            const RouterNorm norm = norms[size_t(run++) % 5];
+            CAPTURE(c.E);
+            CAPTURE(c.D);
+            CAPTURE(c.p.k);
+            CAPTURE(int(c.p.method));
+            CAPTURE(T);
+            CAPTURE(int(norm));
+            RouterProblem P(T, c.E, c.D, c.p, norm, seed += 10);
+            P.poison();
+            P.unfused(stream);
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const auto want = P.download();
+            for (int rep = 0; rep < 2; ++rep) {  // the ticket is back at 0 for the next launch
+                P.poison();
+                P.fused(stream);
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                CHECK(P.ticket.download<uint32_t>()[0] == 0u);
+                check_router_outputs(P, P.download(), want);
+            }
+        }
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda moe_router_route: replayed from a CUDA graph after a PDL producer of x" *
+          doctest::skip(no_gpu)) {
+    // The captured step: a 45 MB GEMV writes x (long enough that an early read of x would see
+    // the NaN it is reset to), then the fused router, both launched dependent (PDL). Each replay
+    // takes new input; its results must equal the unfused path run eagerly on the x it produced.
+    for (const int64_t T : {int64_t(1), int64_t(5)}) {
+        CAPTURE(T);
+        const int64_t D = 2048, K0 = 10944;
+        RouterProblem P(T, 64, D, grouped(6, 8, 3, true), RouterNorm::bf16_out, 7000 + T);
+        DeviceBuffer x0(size_t(T * K0) * 4), w0(size_t(D * K0) * 2);
+        {
+            const auto wf = test::random_floats(size_t(D * K0), 7100, -0.02f, 0.02f);
+            std::vector<uint16_t> wb(wf.size());
+            for (size_t i = 0; i < wf.size(); ++i) wb[i] = mgl::f32_to_bf16(wf[i]);
+            w0.upload(wb);
+        }
+        kernels::MatmulParams producer = kernels::matmul_params_contiguous(
+            mgl::dtype::bf16, w0.ptr, nullptr, x0.as<float>(), P.x.as<float>(), 1, T, D, K0);
+        producer.path = kernels::MatmulPath::stream;
+        producer.pdl = true;
+        kernels::MoeRouterRouteParams fp = P.fused_params();
+        fp.pdl = true;
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        kernels::matmul(producer, {}, stream);
+        kernels::moe_router_route(fp, stream);
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 3; ++rep) {
+            CAPTURE(rep);
+            x0.upload(test::random_floats(size_t(T * K0), 7200 + uint64_t(rep)));
+            CUDA_CHECK(cudaMemset(P.x.ptr, 0xff, P.x.bytes));
+            P.poison();  // and synchronizes
+            CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            CHECK(P.ticket.download<uint32_t>()[0] == 0u);
+            const auto got = P.download();
+            P.poison();
+            P.unfused(stream);  // on the x the replay produced
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const auto want = P.download();
+            check_router_outputs(P, got, want);
+            bool finite = true;
+            for (float v : got.logits) finite = finite && std::isfinite(v);
+            CHECK(finite);
+        }
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    }
+}
+
+TEST_CASE("cuda moe_router_route rejects what it cannot take before touching the device") {
+    alignas(16) static float fx[64];
+    alignas(16) static uint16_t fw[8 * 64];
+    alignas(16) static float fl[8];
+    static unsigned int ticket;
+    static int32_t fi[8];
+    static float fwt[8];
+    kernels::MoeRouterRouteParams p;
+    p.x = fx;
+    p.n_embd = 64;
+    p.w = fw;
+    p.logits = fl;
+    p.ticket = &ticket;
+    p.ids = fi;
+    p.weights = fwt;
+    p.n_tokens = 1;
+    p.n_experts = 8;
+    p.route = greedy(2);
+    CHECK(kernels::moe_router_route_unsupported(p).empty());
+    auto bad = p;
+    bad.n_tokens = 9;
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.n_experts = 257;
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.w_type = mgl::dtype::f8_e4m3;
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.n_embd = 60;  // not a whole number of 16-byte chunks
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.x = fx + 1;  // misaligned
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.norm_out = fx;  // norm_out without the norm
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    bad = p;
+    bad.route.k = 9;  // k > E
+    CHECK(!kernels::moe_router_route_unsupported(bad).empty());
+    CHECK_THROWS_AS(kernels::moe_router_route(bad, nullptr), mgl::error);
+    bad = p;
+    bad.ticket = nullptr;
+    CHECK(kernels::moe_router_route_unsupported(bad).empty());  // presence is the launcher's
+    CHECK_THROWS_AS(kernels::moe_router_route(bad, nullptr), mgl::error);
 }
 #endif  // MINIDS_HAVE_CUDA

@@ -93,7 +93,7 @@ struct graph_plan {
     launch_list launches;
     size_t nodes = 0;
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
-    int fused_norm_out = 0;
+    int fused_norm_out = 0, fused_router_route = 0;
     bool warmed_up = false;  // one eager run before capturing (lazy module loads, cuBLAS setup)
     graph_exec recording;
     uint64_t recorded_workspace_generation = 0;
@@ -210,11 +210,12 @@ public:
         if (verbose_) {
             std::fprintf(stderr,
                          "cuda: graph %llu: %zu nodes -> %zu launches (fused: %d norm, %d "
-                         "residual, %d route, %d mla_prep); arena %.1f MiB, workspace %.1f + "
-                         "%.1f MiB\n",
+                         "residual, %d route (%d with the router), %d mla_prep); arena %.1f "
+                         "MiB, workspace %.1f + %.1f MiB\n",
                          (unsigned long long)g.version, p.nodes, p.launches.steps.size(),
-                         p.fused_norm, p.fused_residual, p.fused_route, p.fused_mla_prep,
-                         mib(a.buf->size()), mib(matmul_ws_.mem.size()), mib(scratch_.mem.size()));
+                         p.fused_norm, p.fused_residual, p.fused_route, p.fused_router_route,
+                         p.fused_mla_prep, mib(a.buf->size()), mib(matmul_ws_.mem.size()),
+                         mib(scratch_.mem.size()));
         }
     }
 
@@ -226,7 +227,8 @@ public:
         graph_plan& p = plan_for(g);
         const exec_env env = environment();
         if (g.reusable && graphs_ && !sync_each_) {
-            const uint64_t ws_generation = matmul_ws_.generation + scratch_.generation;
+            const uint64_t ws_generation =
+                matmul_ws_.generation + scratch_.generation + tickets_.generation;
             if (!p.recording || p.recorded_workspace_generation != ws_generation) {
                 if (!p.warmed_up) {
                     run_eager(p, env);
@@ -263,6 +265,7 @@ public:
         out.fused_route = p.fused_route;
         out.fused_mla_prep = p.fused_mla_prep;
         out.fused_norm_out = p.fused_norm_out;
+        out.fused_router_route = p.fused_router_route;
         out.captured = bool(p.recording);
         out.graph_launches = p.graph_launches;
         out.eager_runs = p.eager_runs;
@@ -340,10 +343,14 @@ private:
         p->fused_residual = fusions.n_residual;
         p->fused_route = fusions.n_route;
         p->fused_mla_prep = fusions.n_mla_prep;
+        p->fused_router_route = fusions.n_router_route;
         p->title =
             std::to_string(g.nodes.size()) + "-node graph" + (g.reusable ? " (reusable)" : "");
         reserve(matmul_ws_, p->launches.matmul_workspace_bytes, true);
         reserve(scratch_, p->launches.scratch_bytes, false);
+        // Zeroed when allocated; each router_route launch leaves its counter at 0.
+        if (p->launches.tickets)
+            reserve(tickets_, p->launches.tickets * sizeof(unsigned int), true);
         // Keep the plans of the graphs used last; an evicted one is rebuilt if computed again.
         constexpr size_t max_plans = 32;
         while (plans_.size() >= max_plans) {
@@ -375,6 +382,7 @@ private:
         e.matmul_workspace_bytes = matmul_ws_.mem.size();
         e.scratch = scratch_.mem.get();
         e.scratch_bytes = scratch_.mem.size();
+        e.tickets = static_cast<unsigned int*>(tickets_.mem.get());
         e.error = error_device_;
         e.pdl = pdl_;
         return e;
@@ -492,7 +500,7 @@ private:
     cublas_handle cublas_;
     pinned_memory error_record_;
     device_error* error_device_ = nullptr;
-    workspace matmul_ws_, scratch_;
+    workspace matmul_ws_, scratch_, tickets_;
     std::map<const rope_params*, std::pair<std::shared_ptr<const rope_params>, device_memory>>
         rope_tables_;
     std::unordered_map<uint64_t, std::unique_ptr<graph_plan>> plans_;

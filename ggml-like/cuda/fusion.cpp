@@ -16,7 +16,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false, false};
     if (s != "0" && s != "none") {
         std::stringstream list(s);
         for (std::string name; std::getline(list, name, ',');) {
@@ -32,10 +32,12 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.norm_moe = true;
             } else if (name == "norm_out") {
                 keep.norm_out = true;
+            } else if (name == "router_route") {
+                keep.router_route = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
-                            "residual, route, mla_prep)");
+                            "residual, route, mla_prep, router_route)");
             }
         }
     }
@@ -75,6 +77,9 @@ public:
         if (on_.route) find_routes();
         if (on_.mla_prep) find_mla_preps();
         if (on_.norm) find_norms();
+        // After the norms: a router matmul keeps the norm folded into it (norm_of), and the
+        // fused step does that normalization too.
+        if (on_.router_route) find_router_routes();
         if (on_.residual) find_residuals();
         add_also_reads();
         return std::move(p_);
@@ -244,6 +249,34 @@ private:
         ++p_.n_norm_out;
     }
 
+    // A route group whose logits come from a decode-sized router matmul read by its softmax alone
+    // and not a graph output (the model's routers): the matmul runs in the group's step
+    // (kernels::moe_router_route, or matmul + moe_route where the addresses do not suit it).
+    // What the fused kernel cannot take is left to the plain route: more than 8 rows (the
+    // grouped prompt path), more than 256 experts, weights other than 2-D BF16 rows.
+    void find_router_routes() {
+        for (auto& [at, r] : p_.route_at) {
+            tensor* mm = r.softmax->src[0];
+            if (mm->op_kind != op::matmul || is_output(mm) || taken(mm)) continue;
+            if (consumers(mm).size() != 1 || p_.residual_add.count(mm)) continue;
+            const tensor* w = mm->src[1];
+            auto nt = p_.norm_of.find(mm);
+            const tensor* x = nt != p_.norm_of.end() ? nt->second->src[0] : mm->src[0];
+            if (mm->n_dims != 2 || x->n_dims != 2 || w->n_dims != 2 || mm->src[2]) continue;
+            const int64_t T = mm->shape[0], E = mm->shape[1], D = w->shape[1];
+            if (T > minids::kernels::moe_router_route_max_tokens ||
+                E > minids::kernels::moe_router_route_max_experts)
+                continue;
+            // The fused kernel streams BF16 rows 16 bytes at a time and reads x as float4.
+            if (w->type != dtype::bf16 || w->stride[1] != 2 || w->stride[0] % 16 != 0 ||
+                D % 8 != 0 || !inner_contiguous_f32(*x) || (T > 1 && x->stride[0] % 16 != 0))
+                continue;
+            r.router = mm;
+            p_.skipped.insert(mm);
+            ++p_.n_router_route;
+        }
+    }
+
     void find_residuals() {
         for (tensor* add : g_.nodes) {
             if (add->op_kind != op::add || taken(add)) continue;
@@ -276,13 +309,23 @@ private:
             tensor* at = const_cast<tensor*>(add);
             for (tensor* s : product->src) also_read(at, s);
         }
+        // A matmul run inside a route step (router_route) normalizes there.
+        std::unordered_map<const tensor*, tensor*> route_of_router;
+        for (auto& [w, r] : p_.route_at)
+            if (r.router) route_of_router[r.router] = r.weights;
         for (auto& [matmul, norm] : p_.norm_of) {
             auto it = p_.residual_add.find(matmul);
-            tensor* at = it != p_.residual_add.end() ? it->second : const_cast<tensor*>(matmul);
+            auto rt = route_of_router.find(matmul);
+            tensor* at = it != p_.residual_add.end()   ? it->second
+                         : rt != route_of_router.end() ? rt->second
+                                                       : const_cast<tensor*>(matmul);
             for (tensor* s : norm->src) also_read(at, s);
+            // norm_out: the norm's rows are written at that step too.
+            if (p_.writes_norm.count(matmul)) also_read(at, norm);
         }
         for (auto& [w, r] : p_.route_at) {
-            for (tensor* m : {r.softmax, r.topk}) {
+            for (tensor* m : {r.softmax, r.topk, r.router}) {
+                if (!m) continue;
                 also_read(r.weights, m);  // written at the group's step
                 for (tensor* s : m->src) also_read(r.weights, s);
             }

@@ -11,6 +11,9 @@
 //             is written (the residual epilogue), when the add is the product's only consumer.
 //   route     softmax -> moe_topk -> moe_weights: one moe_route launch writes probs, ids and
 //             weights.
+//   router_route  (off by default) route whose softmax reads a router matmul of at most 8 rows
+//             (BF16 [E, D] weights, E <= 256) read by nothing else: one moe_router_route launch
+//             computes the logits (and the matmul's folded norm, norm_out included) and routes.
 //   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
 //             layer, for MLA's decode prologue.
 //
@@ -34,13 +37,16 @@ namespace mgl::cuda {
 using fusion_switches = cuda_fusions;
 // `defaults` replaced by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
 // (the defaults), or a comma list of exactly the fusions to use (which may name those that are
-// off by default, norm_moe and norm_out, to measure them).
+// off by default, norm_moe, norm_out and router_route, to measure them).
 fusion_switches fusion_switches_from_env(fusion_switches defaults);
 
 struct route_group {
     tensor* softmax = nullptr;
     tensor* topk = nullptr;
     tensor* weights = nullptr;  // the step it runs at
+    // router_route: the matmul producing the softmax's logits, run inside this step (its norm, if
+    // one is folded, in norm_of / writes_norm); it still writes its output, the logits.
+    tensor* router = nullptr;
 };
 
 struct mla_prep_group {
@@ -64,6 +70,7 @@ struct fusion_plan {
     std::unordered_set<const tensor*> skipped;  // nodes whose work runs in another step
     std::vector<std::pair<tensor*, tensor*>> also_reads;
     int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
+    int n_router_route = 0;  // of n_route
 };
 
 fusion_plan plan_fusions(const graph& g, const fusion_switches& on);

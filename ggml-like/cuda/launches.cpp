@@ -349,6 +349,64 @@ launch_step route_step(const route_group& g) {
             [p](const exec_env& env) { kn::moe_route(with_pdl(p, env), env.stream); }};
 }
 
+// router_route: the router matmul (with its folded norm, and norm_out) and the routing in one
+// moe_router_route launch, the logits still written to the matmul's output. Where the kernel
+// cannot take the addresses (alignment, known only now), the same step runs the matmul and then
+// moe_route, so the plan holds either way.
+launch_step router_route_step(const route_group& g, const tensor* norm, const tensor* norm_out,
+                              size_t ticket, launch_list& out, size_t& scratch) {
+    const tensor& mm = *g.router;
+    const tensor& w = *mm.src[1];
+    const tensor& x = norm ? *norm->src[0] : *mm.src[0];
+    kn::MoeRoutingParams r = routing_params(mm, mm.shape[0]);
+    r.logits = f32_data(&mm);
+    r.probs_out = f32_data(g.softmax);
+    r.ids = static_cast<int32_t*>(g.topk->data);
+    r.weights = f32_data(g.weights);
+    set_topk(r, *g.topk);
+    set_weighting(r, *g.weights);
+    kn::MoeRouterRouteParams p;
+    p.x = f32_data(&x);
+    p.x_stride = x.stride[0] / 4;
+    p.n_embd = w.shape[1];
+    p.w = w.data;
+    p.w_type = w.type;
+    p.w_row_stride = w.stride[0];
+    if (norm) {
+        p.rms_norm = true;
+        p.norm_w = norm->src[1] ? norm->src[1]->data : nullptr;
+        p.norm_w_type = norm->src[1] ? norm->src[1]->type : dtype::f32;
+        p.norm_eps = norm->fparams[0];
+        if (norm_out) {
+            p.norm_out = f32_data(norm_out);
+            p.norm_out_stride = norm_out->stride[0] / 4;
+        }
+    }
+    p.logits = f32_data(&mm);
+    p.probs_out = r.probs_out;
+    p.ids = r.ids;
+    p.weights = r.weights;
+    p.n_tokens = mm.shape[0];
+    p.n_experts = mm.shape[1];
+    p.route = r.route;
+    std::string what = "moe_router_route";
+    if (norm) what += norm_out ? "+norm(out)" : "+norm";
+    if (kn::moe_router_route_unsupported(p).empty()) {
+        return {what, g.weights, [p, ticket](const exec_env& env) {
+                    kn::MoeRouterRouteParams q = with_pdl(p, env);
+                    q.ticket = env.tickets + ticket;
+                    kn::moe_router_route(q, env.stream);
+                }};
+    }
+    auto L = std::make_shared<matmul_launch>(plan_matmul(mm, norm, nullptr, nullptr, norm_out));
+    out.matmul_workspace_bytes = std::max(out.matmul_workspace_bytes, L->matmul_workspace);
+    scratch = std::max(scratch, L->stage_bytes);
+    return {what + " (matmul, moe_route)", g.weights, [L, r](const exec_env& env) {
+                L->run(env);
+                kn::moe_route(with_pdl(r, env), env.stream);
+            }};
+}
+
 launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
                              const tensor* norm, size_t& scratch) {
     // With a folded rms_norm, x is the norm's input (its output is never computed).
@@ -665,7 +723,14 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
     for (tensor* n : g.nodes) {
         if (f.skipped.count(n)) continue;
         if (auto it = f.route_at.find(n); it != f.route_at.end()) {
-            out.steps.push_back(route_step(it->second));
+            if (const tensor* mm = it->second.router) {
+                auto wn = f.writes_norm.find(mm);
+                const tensor* norm_out = wn == f.writes_norm.end() ? nullptr : wn->second;
+                out.steps.push_back(router_route_step(it->second, norm_of(*mm), norm_out,
+                                                      out.tickets++, out, scratch));
+            } else {
+                out.steps.push_back(route_step(it->second));
+            }
             continue;
         }
         if (auto it = f.prep_at.find(n); it != f.prep_at.end()) {

@@ -25,6 +25,9 @@ struct exec_env {
     size_t matmul_workspace_bytes = 0;
     void* scratch = nullptr;  // 256-byte aligned; MLA splits, MoE activations, staged inputs
     size_t scratch_bytes = 0;
+    // Counters of the router_route steps (kernels::moe_router_route), one per step at the index
+    // the step was given (launch_list::tickets); zeroed once, every launch leaves its own at 0.
+    unsigned int* tickets = nullptr;
     device_error* error = nullptr;  // device address of the backend's error record
     bool pdl = false;               // programmatic dependent launch of the kernels that take it
 };
@@ -45,6 +48,7 @@ struct launch_list {
     std::vector<launch_step> steps;
     size_t matmul_workspace_bytes = 0;  // the most any one launch needs
     size_t scratch_bytes = 0;
+    size_t tickets = 0;  // router_route counters the steps use (exec_env::tickets)
 };
 
 // Why the CUDA backend cannot run `node` (dtype, layout or kernel limit), or empty when it can.

@@ -58,6 +58,11 @@ struct cuda_fusions {
     // whose first block also writes the normalized row for the others, so the norm needs no
     // launch of its own. Off until measured on the GPU (not yet run there).
     bool norm_out = false;
+    // With route: the router matmul (at most 8 rows, BF16 weights, read only by the softmax) runs
+    // inside the routing launch (kernels::moe_router_route): one kernel computes the logits and
+    // its last block routes, with the norm folded into the matmul (norm or norm_out) done there
+    // too. Off until measured on the GPU (not yet run there).
+    bool router_route = false;
 };
 
 struct cuda_options {
@@ -95,6 +100,7 @@ struct cuda_graph_info {
     size_t launches = 0;  // steps compute() enqueues (a fused group is one)
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
     int fused_norm_out = 0;       // of fused_norm: norms a matmul also writes (norm_out)
+    int fused_router_route = 0;   // of fused_route: routes that run their router matmul too
     bool captured = false;        // a CUDA graph is recorded for it
     uint64_t graph_launches = 0;  // computes served by launching the recorded CUDA graph
     uint64_t eager_runs = 0;      // computes run launch by launch

@@ -1,0 +1,309 @@
+// The router matmul and the routing in one launch (moe.h: moe_router_route), for decode.
+//
+// At batch 1 the router's GEMV (E x D BF16, 0.3 MB on V2-Lite) and moe_route (one block) each
+// cost a launch, a dependent wait and their first loads' latency, more than their work. Here
+// every block streams the weight rows of 8 experts (one row per warp, the whole row of D = 2048
+// requested at once, before the PDL wait, as gemv_stream_kernel does), writes those experts'
+// logits, and takes a ticket; the block that takes the last ticket routes every token from the
+// logits with moe_route's own device code (moe_route.cuh), so the selection is the same code.
+//
+// The logits are computed operation for operation as matmul_stream.cu's gemv_stream_kernel
+// computes them with one row per warp (its plan for the router's shapes): the same chunks per
+// lane in the same order, the same fmaf chains, the RMSNorm's Σx² folded into the same pass,
+// the same shuffle tree, the same 1 / rms. So the fused step reproduces the unfused one
+// (matmul + moe_route) bit for bit, which the GPU tests check.
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "dependent_launch.cuh"
+#include "moe_route.cuh"
+
+namespace minids::kernels {
+namespace {
+
+using namespace route_detail;
+
+constexpr int rr_warps = 8;   // experts per block (one weight row per warp); tokens routed at once
+constexpr int rr_unroll = 8;  // 16-byte weight loads in flight per lane (a 4 KiB row per warp)
+constexpr int rr_chunk = 8;   // BF16 weights per 16-byte chunk
+
+struct RouterArgs {
+    const uint8_t* w;
+    int64_t w_row_stride;  // bytes
+    const float* x;
+    int64_t x_stride;
+    const void* norm_w;
+    bool norm, norm_bf16;
+    float eps;
+    float* norm_out;  // with norm: the normalized rows, written by block 0
+    int64_t norm_out_stride;
+    float* logits;  // [m, n] contiguous
+    unsigned int* ticket;
+    int m, n, k;  // tokens, experts, D
+    int chunks;   // 16-byte chunks per weight row
+    RouteArgs route;
+};
+
+// rr_chunk norm weights starting at k0 as floats (16-byte loads; the weight is 16-byte aligned).
+__device__ __forceinline__ void load_norm_w(const RouterArgs& a, int k0, float* g) {
+    if (a.norm_bf16) {
+        const uint4 v =
+            __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.norm_w) + k0));
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            g[2 * i] = __uint_as_float(u[i] << 16);
+            g[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    } else {
+        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.norm_w) + k0);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const float4 v = __ldg(p + q);
+            g[4 * q] = v.x;
+            g[4 * q + 1] = v.y;
+            g[4 * q + 2] = v.z;
+            g[4 * q + 3] = v.w;
+        }
+    }
+}
+
+// M: token rows the accumulators hold (1, or 8 for 2..8 tokens; the arithmetic is the same).
+// NB: route_rank_row's experts per lane (rank_chunks), 0 for the greedy rounds.
+template <int M, int NB>
+__global__ void __launch_bounds__(rr_warps * 32, 1) router_route_kernel(RouterArgs a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * rr_warps + warp;  // this warp's expert
+    const uint8_t* wr = a.w + int64_t(row) * a.w_row_stride;
+
+    float acc[M], ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = ss[m] = 0.0f;
+    uint4 wv[rr_unroll];
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < rr_unroll; ++u) {
+            const int c = c0 + u * 32 + lane;
+            wv[u] = (row < a.n && c < a.chunks) ? load_weights16(wr + int64_t(c) * 16)
+                                                : make_uint4(0, 0, 0, 0);
+        }
+    };
+    // The router weights never change during a step: they are requested before waiting for the
+    // previous kernel (PDL), which writes x and may still read what this kernel writes.
+    pdl_launch_dependents();
+    load(0);
+    pdl_wait();
+
+    // gemv_stream_kernel<false, 1, M>'s loop (see the top of the file): RMSNorm without a
+    // barrier, every warp summing x² over all of D while it multiplies.
+    for (int c0 = 0; c0 < a.chunks; c0 += 32 * rr_unroll) {
+        if (c0 > 0) load(c0);
+#pragma unroll
+        for (int u = 0; u < rr_unroll; ++u) {
+            const int c = c0 + u * 32 + lane;
+            if (c >= a.chunks) break;
+            float nw[rr_chunk];
+            if (a.norm && a.norm_w) load_norm_w(a, c * rr_chunk, nw);
+            float wf[rr_chunk];
+            {
+                const uint32_t w4[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    wf[2 * i] = __uint_as_float(w4[i] << 16);
+                    wf[2 * i + 1] = __uint_as_float(w4[i] & 0xffff0000u);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                if (m >= a.m) break;
+                const float4* xp =
+                    reinterpret_cast<const float4*>(a.x + m * a.x_stride + int64_t(c) * rr_chunk);
+                float xf[rr_chunk];
+#pragma unroll
+                for (int q = 0; q < rr_chunk / 4; ++q) {
+                    const float4 v = __ldg(xp + q);
+                    xf[4 * q] = v.x;
+                    xf[4 * q + 1] = v.y;
+                    xf[4 * q + 2] = v.z;
+                    xf[4 * q + 3] = v.w;
+                }
+                if (a.norm) {
+#pragma unroll
+                    for (int e = 0; e < rr_chunk; ++e) ss[m] = fmaf(xf[e], xf[e], ss[m]);
+                    if (a.norm_w) {
+#pragma unroll
+                        for (int e = 0; e < rr_chunk; ++e) xf[e] *= nw[e];
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < rr_chunk; ++e) acc[m] = fmaf(wf[e], xf[e], acc[m]);
+            }
+        }
+    }
+    float inv[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+        inv[m] = a.norm ? rsqrtf(warp_sum(ss[m]) / float(a.k) + a.eps) : 1.0f;
+    // The norm's other readers (the experts) get the normalized rows from block 0, as the stream
+    // GEMV's norm_out writes them. Nothing in this kernel reads them.
+    if (a.norm_out && blockIdx.x == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            if (m >= a.m) break;
+            const float* xr = a.x + m * a.x_stride;
+            float* out = a.norm_out + m * a.norm_out_stride;
+            for (int i = warp * 32 + lane; i < a.k; i += rr_warps * 32) {
+                float g = 1.0f;
+                if (a.norm_w)
+                    g = a.norm_bf16
+                            ? __uint_as_float(
+                                  uint32_t(__ldg(static_cast<const unsigned short*>(a.norm_w) + i))
+                                  << 16)
+                            : __ldg(static_cast<const float*>(a.norm_w) + i);
+                out[i] = g * (xr[i] * inv[m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float s = warp_sum(acc[m]);
+        if (lane == 0 && row < a.n && m < a.m) a.logits[int64_t(m) * a.n + row] = s * inv[m];
+    }
+
+    // The last block routes. Memory ordering: the "threadfence reduction" of the CUDA C++
+    // Programming Guide (Memory Fence Functions), as matmul_gemv.cu's split-K: every thread
+    // fences after its logit stores, so they are visible device-wide before the barrier lets
+    // thread 0 take the block's ticket (a relaxed atomicAdd); the block that draws gridDim.x - 1
+    // knows every other block's ticket, hence every logit, came before its own, fences again
+    // (acquire side), and reads the logits from L2 (__ldcg: other SMs wrote them; this SM's L1
+    // may still hold lines of an earlier launch).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if constexpr (NB > 0) {
+        __shared__ RankScratch<NB> scratch[rr_warps];
+        for (int64_t t = warp; t < a.route.n_tokens; t += rr_warps)
+            route_rank_row<NB>(scratch[warp], a.route, true, t, load_l2{});
+    } else {
+        __shared__ float p[rr_warps * moe_router_route_max_experts];
+        for (int64_t t = warp; t < a.route.n_tokens; t += rr_warps)
+            route_greedy_row(p + warp * moe_router_route_max_experts, a.route, true, t, load_l2{});
+    }
+    // Every block has taken its ticket: nothing reads the counter again in this launch, and the
+    // next launch (a later kernel on the stream, or the next replay) sees 0.
+    if (threadIdx.x == 0) *a.ticket = 0;
+}
+
+using Kernel = void (*)(RouterArgs);
+
+template <int M>
+Kernel kernel_for(int nb) {
+    switch (nb) {
+        case 1:
+            return router_route_kernel<M, 1>;
+        case 2:
+            return router_route_kernel<M, 2>;
+        case 3:
+            return router_route_kernel<M, 3>;
+        case 4:
+            return router_route_kernel<M, 4>;
+        case 5:
+            return router_route_kernel<M, 5>;
+        case 6:
+            return router_route_kernel<M, 6>;
+        case 7:
+            return router_route_kernel<M, 7>;
+        case 8:
+            return router_route_kernel<M, 8>;
+        default:
+            return router_route_kernel<M, 0>;
+    }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+MoeRoutingParams routing_of(const MoeRouterRouteParams& p) {
+    MoeRoutingParams r;
+    r.logits = p.logits;
+    r.in_stride = p.n_experts;
+    r.probs_out = p.probs_out;
+    r.ids = p.ids;
+    r.weights = p.weights;
+    r.n_tokens = p.n_tokens;
+    r.n_experts = p.n_experts;
+    r.route = p.route;
+    return r;
+}
+
+}  // namespace
+
+std::string moe_router_route_unsupported(const MoeRouterRouteParams& p) {
+    const int64_t T = p.n_tokens, E = p.n_experts, D = p.n_embd;
+    if (T < 0 || T > moe_router_route_max_tokens)
+        return "n_tokens = " + std::to_string(T) + " (at most " +
+               std::to_string(moe_router_route_max_tokens) + ")";
+    if (E < 1 || E > moe_router_route_max_experts)
+        return "n_experts = " + std::to_string(E) + " (1 to " +
+               std::to_string(moe_router_route_max_experts) + ")";
+    if (p.w_type != mgl::dtype::bf16)
+        return std::string("router weights of dtype ") + mgl::dtype_name(p.w_type) + " (bf16 only)";
+    if (D < 8 || D % 8 != 0 || D > (int64_t(1) << 30))
+        return "n_embd = " + std::to_string(D) + " (a positive multiple of 8)";
+    const int64_t w_stride = p.w_row_stride ? p.w_row_stride : 2 * D;
+    if (w_stride < 2 * D || w_stride % 16 != 0 || !aligned16(p.w))
+        return "router weight rows must be 16-byte aligned (row stride " +
+               std::to_string(w_stride) + " bytes)";
+    const int64_t x_stride = p.x_stride ? p.x_stride : D;
+    if (!aligned16(p.x) || (T > 1 && (x_stride < D || x_stride % 4 != 0)))
+        return "x rows must be 16-byte aligned (row stride " + std::to_string(x_stride) +
+               " floats)";
+    if (p.rms_norm && p.norm_w &&
+        (!aligned16(p.norm_w) ||
+         (p.norm_w_type != mgl::dtype::bf16 && p.norm_w_type != mgl::dtype::f32)))
+        return "the norm weight must be bf16 or f32, 16-byte aligned";
+    if (p.norm_out && (!p.rms_norm || (p.norm_out_stride && p.norm_out_stride < D)))
+        return "norm_out needs rms_norm and a row stride of at least n_embd";
+    try {
+        (void)make_args(routing_of(p), "routing");
+    } catch (const mgl::error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+void moe_router_route(const MoeRouterRouteParams& p, cudaStream_t stream) {
+    if (const std::string why = moe_router_route_unsupported(p); !why.empty())
+        moe_fail("moe_router_route: " + why);
+    if (!p.x || !p.w || !p.logits || !p.ticket || !p.ids || !p.weights)
+        moe_fail("moe_router_route: x, w, logits, ticket, ids and weights are required");
+    if (p.n_tokens == 0) return;
+    RouterArgs a{};
+    a.w = static_cast<const uint8_t*>(p.w);
+    a.w_row_stride = p.w_row_stride ? p.w_row_stride : 2 * p.n_embd;
+    a.x = p.x;
+    a.x_stride = p.x_stride ? p.x_stride : p.n_embd;
+    a.norm = p.rms_norm;
+    a.norm_w = p.rms_norm ? p.norm_w : nullptr;
+    a.norm_bf16 = p.norm_w_type == mgl::dtype::bf16;
+    a.eps = p.norm_eps;
+    a.norm_out = p.norm_out;
+    a.norm_out_stride = p.norm_out_stride ? p.norm_out_stride : p.n_embd;
+    a.logits = p.logits;
+    a.ticket = p.ticket;
+    a.m = int(p.n_tokens);
+    a.n = int(p.n_experts);
+    a.k = int(p.n_embd);
+    a.chunks = int(p.n_embd * 2 / 16);
+    a.route = make_args(routing_of(p), "routing");
+    const int nb = rank_chunks(a.route);
+    const Kernel kernel = a.m == 1 ? kernel_for<1>(nb) : kernel_for<8>(nb);
+    const unsigned blocks = unsigned((a.n + rr_warps - 1) / rr_warps);
+    launch_maybe_dependent(kernel, dim3(blocks), dim3(rr_warps * 32), 0, stream, p.pdl, a);
+}
+
+}  // namespace minids::kernels
