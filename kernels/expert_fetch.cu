@@ -50,6 +50,13 @@ __device__ __forceinline__ bool is_used(const PlanShared& s, int32_t e) {
     return (s.used[e >> 5] >> (e & 31)) & 1u;
 }
 
+// The device's global timer, ns (the stall counter: expert_fetch_header::fetch_ns).
+__device__ __forceinline__ int64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return int64_t(t);
+}
+
 __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchParams p) {
     __shared__ PlanShared s;
     mgl::expert_fetch_header* h = p.state;
@@ -62,6 +69,7 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
     // kernel, which wrote the ids), the plan waits for its predecessor before reading.
     pdl_launch_dependents();
     pdl_wait();
+    const int64_t started = global_ns();  // the routing is done: from here the layer waits
     for (int i = tid; i < max_experts / 32; i += plan_threads) s.used[i] = 0;
     __syncthreads();
     for (int64_t i = tid; i < p.n_ids; i += plan_threads) {
@@ -155,6 +163,11 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
         h->layer_fills = s.first_fill;
         h->n_fills = s.first_fill + f;
         h->n_arrivals = s.first_arrival + f;
+        // The previous layer's fetch is over (its copies finished before this layer's routing
+        // ran): add its interval and open this layer's, which its copy blocks extend.
+        if (h->fetch_t1 > h->fetch_t0) h->fetch_ns += h->fetch_t1 - h->fetch_t0;
+        h->fetch_t0 = started;
+        h->fetch_t1 = global_ns();
     }
     __syncthreads();
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
@@ -216,6 +229,12 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
          begin += int64_t(gridDim.x) * copy_chunk)
         copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the layer's fetch ends with its last copy block
+        auto* t1 = reinterpret_cast<unsigned long long*>(
+            &const_cast<mgl::expert_fetch_header*>(h)->fetch_t1);
+        atomicMax(t1, static_cast<unsigned long long>(global_ns()));
+    }
 }
 
 }  // namespace

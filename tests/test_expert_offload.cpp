@@ -313,5 +313,6 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         CHECK(offload.stats().hits == sim.hits);
         CHECK(offload.stats().fills == sim.fills);
         CHECK(offload.stats().fills > 2 * slots);  // slots were taken again within passes
+        CHECK(offload.stats().fetch_ns == 0);      // only a GPU times its fetches
     }
 }

@@ -164,6 +164,12 @@ struct expert_fetch_header {
     int64_t layer_fills = 0;  // the first fill of the layer being fetched
     int64_t recycle = 0;      // 1: a miss may take this step's earlier arrival that ranks lower
     int64_t n_arrivals = 0;   // entries of arrivals written so far (the host zeroes it)
+    // Time the step's MoE layers waited on their fetch (a device backend; the host zeroes all
+    // three): each layer's plan start to its last copy's end, in ns of the device's global
+    // timer. A layer's plan adds the previous layer's interval to fetch_ns, so after the step
+    // the total is fetch_ns + (fetch_t1 - fetch_t0).
+    int64_t fetch_ns = 0;
+    int64_t fetch_t0 = 0, fetch_t1 = 0;
     // Fixed while the cache exists.
     int64_t n_layers = 0, n_experts = 0, n_slots = 0;
     int64_t blob_bytes = 0;

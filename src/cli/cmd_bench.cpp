@@ -60,6 +60,11 @@ struct PhaseRow {
     double mib_filled_per_token = 0.0;  // decode: copies into slots
     double mib_link_per_token = 0.0;    // decode: copies + reads in place over the host link
     double link_floor_tok_s = 0.0;      // the host link's bandwidth / those bytes (0: unknown)
+    // decode: ms per token the MoE layers waited on the device fetch (-1: not timed, host fetch)
+    double fetch_wait_ms = -1.0;
+    double fetch_wait_share() const {  // of the decode step's time
+        return fetch_wait_ms >= 0 && tg_tok_s > 0 ? fetch_wait_ms * tg_tok_s / 1000.0 : -1.0;
+    }
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -157,14 +162,17 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
         if (link_gbs > 0.0 && ng > 0 && decode.bytes_over_link() > 0)
             ph.link_floor_tok_s = link_gbs * 1e9 * double(ng) / double(decode.bytes_over_link());
+        if (cache.uses_device_fetch() && std::string(m.backend->name()) != "cpu" && ng > 0)
+            ph.fetch_wait_ms = double(decode.fetch_ns) / 1e6 / double(ng);
         std::fprintf(
             stderr,
             "minids bench: expert cache %lld slots %s admit %s fetch %s, %-20s first token %.3f s, "
             "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
-            "%.1f MiB over the link per token\n",
+            "%.1f MiB over the link per token, waiting on the fetch %s ms per token\n",
             (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), name,
             ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
-            ph.mib_link_per_token);
+            ph.mib_link_per_token,
+            ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-");
         phases.push_back(ph);
     }
 }
@@ -358,7 +366,9 @@ int bench(BenchOptions o) {
                            {"tg_hit_rate", ph.tg_hit_rate},
                            {"tg_mib_filled_per_token", ph.mib_filled_per_token},
                            {"tg_mib_over_link_per_token", ph.mib_link_per_token},
-                           {"tg_link_floor_ts", ph.link_floor_tok_s}});
+                           {"tg_link_floor_ts", ph.link_floor_tok_s},
+                           {"tg_fetch_wait_ms_per_token", ph.fetch_wait_ms},
+                           {"tg_fetch_wait_share", ph.fetch_wait_share()}});
         }
         std::printf("%s\n", out.dump(2).c_str());
     } else if (o.output == "csv") {
@@ -393,22 +403,23 @@ int bench(BenchOptions o) {
                 "| slots | policy | admit | fetch | phase | prompt | first token s | tg | tg t/s | "
                 "link "
                 "floor t/s | hit rate prompt | hit rate tg | MiB filled / token | MiB over link / "
-                "token |\n");
+                "token | fetch wait ms / token | fetch wait share |\n");
             std::printf(
                 "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-                "---: "
-                "| ---: |\n");
-            for (const PhaseRow& ph : phases)
+                "---: | ---: | ---: | ---: |\n");
+            for (const PhaseRow& ph : phases) {
+                const bool timed = ph.fetch_wait_share() >= 0;
                 std::printf(
                     "| %lld | %s | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | %.3f | "
-                    "%.1f | "
-                    "%.1f |\n",
+                    "%.1f | %.1f | %s | %s |\n",
                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(),
                     ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen,
                     ph.tg_tok_s,
                     ph.link_floor_tok_s > 0 ? fmt("%.1f", ph.link_floor_tok_s).c_str() : "-",
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
-                    ph.mib_link_per_token);
+                    ph.mib_link_per_token, timed ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
+                    timed ? fmt("%.1f%%", 100.0 * ph.fetch_wait_share()).c_str() : "-");
+            }
         }
     }
     return exit_ok;

@@ -236,14 +236,21 @@ void attach_expert_cache(const LoadedModel& m, Session& session) {
 std::string expert_cache_summary(const LoadedModel& m) {
     if (!m.expert_cache) return "";
     const OffloadStats& st = m.expert_cache->stats();
-    char s[256];
+    char s[320];
     std::snprintf(s, sizeof s,
                   "expert cache: %lld slots, hit rate %.3f (%lld of %lld), %lld fills, %.1f MiB "
                   "copied in, %.1f MiB read in place",
                   (long long)m.expert_cache->config().n_slots, st.hit_rate(), (long long)st.hits,
                   (long long)st.accesses, (long long)st.fills, mib(st.bytes_filled),
                   mib(st.bytes_read_in_place));
-    return s;
+    std::string out = s;
+    // The device fetch on a GPU times how long the MoE layers waited on their experts.
+    if (m.expert_cache->uses_device_fetch() && st.fetch_ns > 0 && st.steps > 0) {
+        std::snprintf(s, sizeof s, ", %.1f ms waiting on the fetch (%.3f ms per step)",
+                      double(st.fetch_ns) / 1e6, double(st.fetch_ns) / 1e6 / double(st.steps));
+        out += s;
+    }
+    return out;
 }
 
 std::string resolve_model_path(const std::string& flag, const char* command) {

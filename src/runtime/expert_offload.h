@@ -45,6 +45,9 @@ struct OffloadStats {
     // for a prompt chunk, whose grouped kernels may read an expert once per tile of tokens.
     int64_t reads_in_place = 0;
     uint64_t bytes_read_in_place = 0;
+    // Device fetch on a GPU: time the MoE layers waited on their fetch (each layer's plan start to
+    // its last copy's end, the device's timer). 0 for the host fetch, which is not timed.
+    uint64_t fetch_ns = 0;
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
     // Bytes over the host link: fills and reads in place.
     uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place; }
@@ -56,7 +59,8 @@ struct OffloadStats {
                 fills - earlier.fills,
                 bytes_filled - earlier.bytes_filled,
                 reads_in_place - earlier.reads_in_place,
-                bytes_read_in_place - earlier.bytes_read_in_place};
+                bytes_read_in_place - earlier.bytes_read_in_place,
+                fetch_ns - earlier.fetch_ns};
     }
 };
 

@@ -121,8 +121,9 @@ void ExpertOffload::before_step(int64_t n_tokens) {
         backend_.copy_to_backend_async(base + at.key_ranks, key_ranks_.data(),
                                        key_ranks_.size() * sizeof(mgl::expert_fetch_rank));
     }
-    // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals
-    counters_ = {int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0};
+    // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals, fetch_ns, fetch_t0,
+    // fetch_t1
+    counters_ = {int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0, 0, 0, 0};
     backend_.copy_to_backend_async(base, counters_.data(), counters_.size() * sizeof(int64_t));
 }
 
@@ -178,6 +179,9 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     }
     if (f != h.n_fills)
         throw std::logic_error("expert cache: the device's fill log does not follow the routing");
+    // The step's wait on its fetches (0 where the backend does not time them: the CPU's).
+    const int64_t last = h.fetch_t1 > h.fetch_t0 ? h.fetch_t1 - h.fetch_t0 : 0;
+    if (h.fetch_ns >= 0) stats_.fetch_ns += uint64_t(h.fetch_ns + last);
     ++stats_.steps;
 }
 
