@@ -7,17 +7,18 @@
 // logits, and takes a ticket; the block that takes the last ticket routes every token from the
 // logits with moe_route's own device code (moe_route.cuh), so the selection is the same code.
 //
-// The logits are computed operation for operation as matmul_stream.cu's gemv_stream_kernel
-// computes them with one row per warp (its plan for the router's shapes): the same chunks per
-// lane in the same order, the same fmaf chains, the RMSNorm's Σx² folded into the same pass,
-// the same shuffle tree, the same 1 / rms. So the fused step reproduces the unfused one
-// (matmul + moe_route) bit for bit, which the GPU tests check.
+// The logits come from the stream GEMV's own per-warp pass (stream_gemv.cuh, one row per warp:
+// gemv_stream_kernel's plan for the router's shapes): the same chunks per lane in the same
+// order, the same fmaf chains, the RMSNorm's Σx² folded into the same pass, the same shuffle
+// tree, the same 1 / rms. So the fused step reproduces the unfused one (matmul + moe_route) bit
+// for bit, which the GPU tests check.
 #include <cuda_bf16.h>
 
 #include <string>
 
 #include "dependent_launch.cuh"
 #include "moe_route.cuh"
+#include "stream_gemv.cuh"
 
 namespace minids::kernels {
 namespace {
@@ -26,13 +27,12 @@ using namespace route_detail;
 
 constexpr int rr_warps = 8;   // experts per block (one weight row per warp); tokens routed at once
 constexpr int rr_unroll = 8;  // 16-byte weight loads in flight per lane (a 4 KiB row per warp)
-constexpr int rr_chunk = 8;   // BF16 weights per 16-byte chunk
 
 struct RouterArgs {
     const uint8_t* w;
     int64_t w_row_stride;  // bytes
     const float* x;
-    int64_t x_stride;
+    int64_t x_row_stride;
     const void* norm_w;
     bool norm, norm_bf16;
     float eps;
@@ -45,129 +45,19 @@ struct RouterArgs {
     RouteArgs route;
 };
 
-// rr_chunk norm weights starting at k0 as floats (16-byte loads; the weight is 16-byte aligned).
-__device__ __forceinline__ void load_norm_w(const RouterArgs& a, int k0, float* g) {
-    if (a.norm_bf16) {
-        const uint4 v =
-            __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.norm_w) + k0));
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            g[2 * i] = __uint_as_float(u[i] << 16);
-            g[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
-    } else {
-        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.norm_w) + k0);
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            const float4 v = __ldg(p + q);
-            g[4 * q] = v.x;
-            g[4 * q + 1] = v.y;
-            g[4 * q + 2] = v.z;
-            g[4 * q + 3] = v.w;
-        }
-    }
-}
-
 // M: token rows the accumulators hold (1, or 8 for 2..8 tokens; the arithmetic is the same).
 // NB: route_rank_row's experts per lane (rank_chunks), 0 for the greedy rounds.
 template <int M, int NB>
 __global__ void __launch_bounds__(rr_warps * 32, 1) router_route_kernel(RouterArgs a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * rr_warps + warp;  // this warp's expert
-    const uint8_t* wr = a.w + int64_t(row) * a.w_row_stride;
-
-    float acc[M], ss[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = ss[m] = 0.0f;
-    uint4 wv[rr_unroll];
-    auto load = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < rr_unroll; ++u) {
-            const int c = c0 + u * 32 + lane;
-            wv[u] = (row < a.n && c < a.chunks) ? load_weights16(wr + int64_t(c) * 16)
-                                                : make_uint4(0, 0, 0, 0);
-        }
-    };
-    // The router weights never change during a step: they are requested before waiting for the
-    // previous kernel (PDL), which writes x and may still read what this kernel writes.
-    pdl_launch_dependents();
-    load(0);
-    pdl_wait();
-
-    // gemv_stream_kernel<false, 1, M>'s loop (see the top of the file): RMSNorm without a
-    // barrier, every warp summing x² over all of D while it multiplies.
-    for (int c0 = 0; c0 < a.chunks; c0 += 32 * rr_unroll) {
-        if (c0 > 0) load(c0);
-#pragma unroll
-        for (int u = 0; u < rr_unroll; ++u) {
-            const int c = c0 + u * 32 + lane;
-            if (c >= a.chunks) break;
-            float nw[rr_chunk];
-            if (a.norm && a.norm_w) load_norm_w(a, c * rr_chunk, nw);
-            float wf[rr_chunk];
-            {
-                const uint32_t w4[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    wf[2 * i] = __uint_as_float(w4[i] << 16);
-                    wf[2 * i + 1] = __uint_as_float(w4[i] & 0xffff0000u);
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                if (m >= a.m) break;
-                const float4* xp =
-                    reinterpret_cast<const float4*>(a.x + m * a.x_stride + int64_t(c) * rr_chunk);
-                float xf[rr_chunk];
-#pragma unroll
-                for (int q = 0; q < rr_chunk / 4; ++q) {
-                    const float4 v = __ldg(xp + q);
-                    xf[4 * q] = v.x;
-                    xf[4 * q + 1] = v.y;
-                    xf[4 * q + 2] = v.z;
-                    xf[4 * q + 3] = v.w;
-                }
-                if (a.norm) {
-#pragma unroll
-                    for (int e = 0; e < rr_chunk; ++e) ss[m] = fmaf(xf[e], xf[e], ss[m]);
-                    if (a.norm_w) {
-#pragma unroll
-                        for (int e = 0; e < rr_chunk; ++e) xf[e] *= nw[e];
-                    }
-                }
-#pragma unroll
-                for (int e = 0; e < rr_chunk; ++e) acc[m] = fmaf(wf[e], xf[e], acc[m]);
-            }
-        }
-    }
-    float inv[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-        inv[m] = a.norm ? rsqrtf(warp_sum(ss[m]) / float(a.k) + a.eps) : 1.0f;
-    // The norm's other readers (the experts) get the normalized rows from block 0, as the stream
-    // GEMV's norm_out writes them. Nothing in this kernel reads them.
-    if (a.norm_out && blockIdx.x == 0) {
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            if (m >= a.m) break;
-            const float* xr = a.x + m * a.x_stride;
-            float* out = a.norm_out + m * a.norm_out_stride;
-            for (int i = warp * 32 + lane; i < a.k; i += rr_warps * 32) {
-                float g = 1.0f;
-                if (a.norm_w)
-                    g = a.norm_bf16
-                            ? __uint_as_float(
-                                  uint32_t(__ldg(static_cast<const unsigned short*>(a.norm_w) + i))
-                                  << 16)
-                            : __ldg(static_cast<const float*>(a.norm_w) + i);
-                out[i] = g * (xr[i] * inv[m]);
-            }
-        }
-    }
+    // gemv_stream_kernel<false, 1, M>'s pass (stream_gemv.cuh): the same loads, fmaf chains,
+    // folded RMSNorm and norm_out write, so the logits are the unfused router matmul's.
+    float acc[1][M], inv[M];
+    stream_detail::stream_rows<false, 1, M, rr_warps, rr_unroll>(a, a.w, a.x, row, acc, inv);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-        const float s = warp_sum(acc[m]);
+        const float s = stream_detail::warp_sum(acc[0][m]);
         if (lane == 0 && row < a.n && m < a.m) a.logits[int64_t(m) * a.n + row] = s * inv[m];
     }
 
@@ -286,7 +176,7 @@ void moe_router_route(const MoeRouterRouteParams& p, cudaStream_t stream) {
     a.w = static_cast<const uint8_t*>(p.w);
     a.w_row_stride = p.w_row_stride ? p.w_row_stride : 2 * p.n_embd;
     a.x = p.x;
-    a.x_stride = p.x_stride ? p.x_stride : p.n_embd;
+    a.x_row_stride = p.x_stride ? p.x_stride : p.n_embd;
     a.norm = p.rms_norm;
     a.norm_w = p.rms_norm ? p.norm_w : nullptr;
     a.norm_bf16 = p.norm_w_type == mgl::dtype::bf16;
