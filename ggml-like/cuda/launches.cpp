@@ -336,8 +336,8 @@ void set_weighting(kn::MoeRoutingParams& p, const tensor& weights) {
     p.route.routed_scaling_factor = weights.fparams[0];
 }
 
-launch_step route_step(const route_group& g) {
-    const tensor& logits = *g.softmax->src[0];
+// The route group's softmax -> top-k -> weights over `logits` as one moe_route.
+kn::MoeRoutingParams route_group_params(const route_group& g, const tensor& logits) {
     kn::MoeRoutingParams p = routing_params(logits, logits.shape[0]);
     p.logits = f32_data(&logits);
     p.probs_out = f32_data(g.softmax);
@@ -345,6 +345,11 @@ launch_step route_step(const route_group& g) {
     p.weights = f32_data(g.weights);
     set_topk(p, *g.topk);
     set_weighting(p, *g.weights);
+    return p;
+}
+
+launch_step route_step(const route_group& g) {
+    const kn::MoeRoutingParams p = route_group_params(g, *g.softmax->src[0]);
     return {"moe_route", g.weights,
             [p](const exec_env& env) { kn::moe_route(with_pdl(p, env), env.stream); }};
 }
@@ -358,13 +363,7 @@ launch_step router_route_step(const route_group& g, const tensor* norm, const te
     const tensor& mm = *g.router;
     const tensor& w = *mm.src[1];
     const tensor& x = norm ? *norm->src[0] : *mm.src[0];
-    kn::MoeRoutingParams r = routing_params(mm, mm.shape[0]);
-    r.logits = f32_data(&mm);
-    r.probs_out = f32_data(g.softmax);
-    r.ids = static_cast<int32_t*>(g.topk->data);
-    r.weights = f32_data(g.weights);
-    set_topk(r, *g.topk);
-    set_weighting(r, *g.weights);
+    const kn::MoeRoutingParams r = route_group_params(g, mm);
     kn::MoeRouterRouteParams p;
     p.x = f32_data(&x);
     p.x_stride = x.stride[0] / 4;
