@@ -369,6 +369,7 @@ void validate(const MatmulParams& p) {
 
 // ----- gemm plan -----
 struct GemmPlan {
+    bool f32 = false;                        // FP32 operands and math (no tensor cores)
     bool convert_x = false, x_bf16 = false;  // x̂ into the workspace
     size_t x_bytes = 0;
     bool materialize = false, w_bf16 = false;
@@ -387,13 +388,14 @@ bool cublas_direct_weights(const MatmulParams& p) {
     return false;
 }
 
-GemmPlan plan_gemm(const MatmulParams& p) {
+GemmPlan plan_gemm(const MatmulParams& p, bool f32_math) {
     GemmPlan g;
-    const bool f32 = p.w_type == mgl::dtype::f32;
+    const bool f32 = f32_math || p.w_type == mgl::dtype::f32;
+    g.f32 = f32;
     g.x_bf16 = !f32;
     g.convert_x = !f32 || p.rms_norm || (p.m > 1 && p.x_row_stride < p.k);
     g.x_bytes = g.convert_x ? size_t(p.batch * p.m * p.k) * (g.x_bf16 ? 2 : 4) : 0;
-    g.materialize = !cublas_direct_weights(p);
+    g.materialize = p.w_type != mgl::dtype::f32 && f32 ? true : !cublas_direct_weights(p);
     if (g.materialize) {
         g.w_bf16 = !f32;
         const size_t row_bytes = size_t(p.k) * (g.w_bf16 ? 2 : 4);
@@ -414,9 +416,9 @@ size_t gemm_workspace(const GemmPlan& g) {
     return detail::counters_bytes + align_up(g.x_bytes, 256) + g.w_bytes;
 }
 
-void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream) {
+void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream, bool f32_math) {
     if (!r.cublas) fail_params("the gemm path (m > matmul_gemv_max_m()) needs a cuBLAS handle");
-    const GemmPlan g = plan_gemm(p);
+    const GemmPlan g = plan_gemm(p, f32_math);
     const Operands o = operands_of(p);
     char* scratch = static_cast<char*>(r.workspace) + detail::counters_bytes;
     void* x_conv = g.convert_x ? scratch : nullptr;
@@ -435,7 +437,7 @@ void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stre
     if (current != stream) CUBLAS_CHECK(cublasSetStream(r.cublas, stream));
     CUBLAS_CHECK(cublasSetPointerMode(r.cublas, CUBLAS_POINTER_MODE_HOST));
     const float alpha = 1.0f, beta = p.residual ? 1.0f : 0.0f;
-    const bool f32 = p.w_type == mgl::dtype::f32;
+    const bool f32 = g.f32;
     const cudaDataType in_type = f32 ? CUDA_R_32F : CUDA_R_16BF;
     const cublasComputeType_t compute = f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
     // x̂ as the K x M column-major B operand.
@@ -544,6 +546,8 @@ const char* matmul_path_name(MatmulPath p) {
             return "generic";
         case MatmulPath::gemm:
             return "gemm";
+        case MatmulPath::gemm_f32:
+            return "gemm_f32";
     }
     return "?";
 }
@@ -580,11 +584,12 @@ int64_t matmul_gemv_max_m() { return 16; }
 
 MatmulPath matmul_choose_path(const MatmulParams& p) {
     // Narrow products (a MoE router: 64-256 outputs) stay in FP32 even for many rows: BF16 inputs
-    // would move router logits enough to flip top-k choices, and they are cheap anyway. Batched
-    // narrow products (MLA's per-head W_uv, 16 heads x 128 outputs) are GEMMs like the rest: on
-    // the FP32 CUDA-core kernel they were among the slowest launches of a 512-token prompt pass.
+    // would move router logits enough to flip top-k choices. They go to cuBLAS's FP32 GEMM: the
+    // generic kernel took 106 µs per V2-Lite router of a 512-token prompt (ncu), a tenth of the
+    // whole prompt pass. Batched narrow products (MLA's per-head W_uv, 16 heads x 128 outputs)
+    // are BF16 GEMMs like the rest.
     if (p.m > matmul_gemv_max_m())
-        return p.n <= 256 && p.batch == 1 ? MatmulPath::generic : MatmulPath::gemm;
+        return p.n <= 256 && p.batch == 1 ? MatmulPath::gemm_f32 : MatmulPath::gemm;
     if (detail::stream_gemv_ok(p)) return MatmulPath::stream;
     if (tensor_core_gemv_ok(p)) return MatmulPath::gemv;
     if (column_layout(p)) return MatmulPath::gemv_column;
@@ -599,7 +604,8 @@ size_t matmul_workspace_bytes(const MatmulParams& p) {
             return plan.split > 1 ? detail::counters_bytes + plan.partial_bytes : 0;
         }
         case MatmulPath::gemm:
-            return gemm_workspace(plan_gemm(p));
+        case MatmulPath::gemm_f32:
+            return gemm_workspace(plan_gemm(p, resolve(p) == MatmulPath::gemm_f32));
         default:
             return 0;
     }
@@ -649,7 +655,7 @@ void matmul(const MatmulParams& p, const MatmulResources& r, cudaStream_t stream
             run_generic(p, stream);
             break;
         default:
-            run_gemm(p, r, stream);
+            run_gemm(p, r, stream, path == MatmulPath::gemm_f32);
             break;
     }
 }
@@ -662,9 +668,10 @@ std::string matmul_describe(const MatmulParams& p) {
             return detail::gemv_plan_string(p, detail::plan_gemv(p, sm_count_of_current_device()));
         case MatmulPath::stream:
             return detail::stream_plan_string(p);
-        case MatmulPath::gemm: {
-            const GemmPlan g = plan_gemm(p);
-            std::string s = "gemm";
+        case MatmulPath::gemm:
+        case MatmulPath::gemm_f32: {
+            const GemmPlan g = plan_gemm(p, path == MatmulPath::gemm_f32);
+            std::string s = g.f32 && p.w_type != mgl::dtype::f32 ? "gemm_f32" : "gemm";
             if (g.convert_x) s += g.x_bf16 ? " x->bf16" : " x->f32";
             if (g.materialize)
                 s += std::string(" w->") + (g.w_bf16 ? "bf16" : "f32") +

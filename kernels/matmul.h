@@ -51,7 +51,9 @@
 
 namespace minids::kernels {
 
-enum class MatmulPath : uint8_t { automatic, stream, gemv, gemv_column, generic, gemm };
+// gemm: cuBLAS with x rounded to BF16 (tensor cores); gemm_f32: cuBLAS in FP32 (x as it is, W
+// widened to f32), for products whose outputs must not move by BF16 rounding (routers).
+enum class MatmulPath : uint8_t { automatic, stream, gemv, gemv_column, generic, gemm, gemm_f32 };
 const char* matmul_path_name(MatmulPath p);
 
 // Strides: x, y and residual in ELEMENTS (f32), W in BYTES (mgl's tensors store byte strides; W's

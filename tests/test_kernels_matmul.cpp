@@ -324,8 +324,8 @@ TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemv);
     p.m = kernels::matmul_gemv_max_m() + 1;
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm);
-    p.n = 64;  // a router: narrow products stay FP32 however many rows
-    CHECK(kernels::matmul_choose_path(p) == MatmulPath::generic);
+    p.n = 64;  // a router: narrow products stay FP32 (cuBLAS's FP32 GEMM) however many rows
+    CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm_f32);
     p.batch = 16;  // MLA's per-head W_uv for a prompt: a batched GEMM
     CHECK(kernels::matmul_choose_path(p) == MatmulPath::gemm);
     p.batch = 1;
@@ -547,7 +547,8 @@ TEST_CASE("cuda matmul transposed (column) and other weight layouts" * doctest::
             run_case(c, blas);
         }
     // Every path on the same column-layout problem, including ones the chooser would not take.
-    for (MatmulPath path : {MatmulPath::gemv_column, MatmulPath::generic, MatmulPath::gemm}) {
+    for (MatmulPath path :
+         {MatmulPath::gemv_column, MatmulPath::generic, MatmulPath::gemm, MatmulPath::gemm_f32}) {
         Case c;
         c.type = mgl::dtype::bf16;
         c.batch = 3;
@@ -561,10 +562,32 @@ TEST_CASE("cuda matmul transposed (column) and other weight layouts" * doctest::
     }
 }
 
+TEST_CASE("cuda matmul: a prompt's router (M > 16, N 64) is FP32-exact on cuBLAS's FP32 GEMM" *
+          doctest::skip(no_gpu)) {
+    Cublas blas;
+    uint64_t seed = 900;
+    for (mgl::dtype t : {mgl::dtype::f32, mgl::dtype::bf16, mgl::dtype::f8_e4m3})
+        for (int64_t m : {17, 512}) {
+            Case c;  // the automatic path picks gemm_f32; run_case holds it to 1e-5
+            c.type = t;
+            c.m = m;
+            c.n = 64;
+            c.k = 2048;
+            c.norm = m == 512;  // the folded RMSNorm of the prompt's ffn_norm
+            c.seed = seed++;
+            run_case(c, blas);
+            c.w_misalign = t == mgl::dtype::f8_e4m3 ? 3 : 2;  // materialized from any address
+            c.x_pad = 3;
+            c.seed = seed++;
+            run_case(c, blas);
+        }
+}
+
 TEST_CASE("cuda matmul residual epilogue and RMSNorm prologue" * doctest::skip(no_gpu)) {
     Cublas blas;
     uint64_t seed = 600;
-    for (MatmulPath path : {MatmulPath::automatic, MatmulPath::generic, MatmulPath::gemm})
+    for (MatmulPath path :
+         {MatmulPath::automatic, MatmulPath::generic, MatmulPath::gemm, MatmulPath::gemm_f32})
         for (mgl::dtype t : {mgl::dtype::f32, mgl::dtype::bf16, mgl::dtype::f8_e4m3})
             for (int64_t m : {1, 5, 17}) {
                 Case c;
