@@ -4,6 +4,7 @@
 #include "launches.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "expert_fetch.h"
@@ -61,6 +62,29 @@ template <class Params>
 Params with_pdl(Params p, const exec_env& env) {
     p.pdl = env.pdl;
     return p;
+}
+
+// MINIDS_CUDA_PRECISE names the products to run in FP32 instead of on BF16 tensor cores (slow; to
+// measure what BF16 rounding of activations costs in accuracy): gemm (the cuBLAS GEMMs of a
+// prompt), moe (the grouped expert GEMMs), mla (the attention kernels), or all.
+struct precise_switches {
+    bool gemm = false, moe = false, mla = false;
+};
+const precise_switches& precise() {
+    static const precise_switches s = [] {
+        precise_switches r;
+        const char* v = std::getenv("MINIDS_CUDA_PRECISE");
+        const std::string list = v ? std::string(",") + v + "," : "";
+        auto has = [&](const char* name) {
+            return list.find(std::string(",") + name + ",") != std::string::npos ||
+                   list.find(",all,") != std::string::npos;
+        };
+        r.gemm = has("gemm");
+        r.moe = has("moe");
+        r.mla = has("mla");
+        return r;
+    }();
+    return s;
 }
 
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
@@ -184,6 +208,8 @@ matmul_launch plan_matmul(const tensor& mm, const tensor* norm, const tensor* ad
         p.x = x_probe + pt.x_off;
         p.y = y + pt.y_off;
         if (res) p.residual = res + pt.y_off;
+        if (precise().gemm && kn::matmul_choose_path(p) == kn::MatmulPath::gemm)
+            p.path = kn::MatmulPath::gemm_f32;
         L.matmul_workspace = std::max(L.matmul_workspace, kn::matmul_workspace_bytes(p));
         L.calls.push_back(p);
         L.x_offsets.push_back(pt.x_off);
@@ -230,6 +256,7 @@ launch_step mla_attn_step(const tensor& n, size_t& scratch) {
     const bool decode = T * H <= 64;
     const auto kernel = decode ? kn::MlaKernel::decode : kn::MlaKernel::prefill;
     p.max_splits = kn::mla_attn_default_max_splits(kernel, T, H);
+    if (precise().mla) p.impl = kn::MlaImpl::cuda_core;
     const size_t need = kn::mla_attn_workspace_bytes(T, H, r, p.max_splits);
     scratch = std::max(scratch, need);
     return {decode ? "mla_decode" : "mla_prefill", &n, [p, decode](const exec_env& env) {
@@ -446,6 +473,7 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
         p.norm_w_type = norm->src[1] ? norm->src[1]->type : dtype::f32;
         p.norm_eps = norm->fparams[0];
     }
+    if (precise().moe) p.grouped.tensor_cores = false;
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
     if (add) what += "+add";
