@@ -76,7 +76,8 @@ class Run:
 
     def __init__(self, out, work, budget):
         self.out, self.t0, self.deadline = out, time.time(), time.time() + budget
-        self.lines, self.results = [], {"stages": {}, "checks": [], "skipped": []}
+        self.lines, self.results = [], {"stages": {}, "checks": [], "diagnostics": [],
+                                          "skipped": []}
         self.logs = os.path.join(work, "logs")  # bundled into OUT/logs.tar.gz at the end
         os.makedirs(self.logs, exist_ok=True)
         os.makedirs(out, exist_ok=True)
@@ -299,12 +300,36 @@ def probe_experts(model, c, hf_dir, run):
         raise RuntimeError("exported experts do not match transformers' (%.2e)" % err)
 
 
-def reference(model, c, prompts, n_greedy, run):
+def layer_outputs(model, ids):
+    """transformers' per-layer attention output, FFN output and layer output for `ids` (float32
+    CPU tensors [T, D] by name attn_out-i, ffn_out-i, l_out-i: minids' --dump-tensors names)."""
+    got, hooks = {}, []
+
+    def keep(name):
+        def hook(_module, _inputs, output):
+            t = output[0] if isinstance(output, tuple) else output
+            got[name] = t[0].detach().float().cpu()
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.self_attn.register_forward_hook(keep("attn_out-%d" % i)))
+        hooks.append(layer.mlp.register_forward_hook(keep("ffn_out-%d" % i)))
+        hooks.append(layer.register_forward_hook(keep("l_out-%d" % i)))
+    try:
+        model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return got
+
+
+def reference(model, c, prompts, n_greedy, run, diagnose_prompt=-1):
     """transformers' greedy tokens after each prompt and its logits at every position of
-    prompt + greedy[:-1] (float32 on the GPU), as CPU float32 tensors."""
+    prompt + greedy[:-1] (float32 on the GPU), as CPU float32 tensors; for prompt number
+    diagnose_prompt also its per-layer outputs (layer_outputs)."""
     refs = []
     with torch.no_grad():
-        for p in prompts:
+        for pi, p in enumerate(prompts):
             seq = list(p)
             for _ in range(n_greedy):
                 out = model(input_ids=torch.tensor([seq], device="cuda"), use_cache=False)
@@ -319,6 +344,8 @@ def reference(model, c, prompts, n_greedy, run):
                 run.log("note: one-pass argmax differs from step-wise greedy at steps %s" %
                         [k for k in range(n_greedy) if again[k] != greedy[k]])
             refs.append({"prompt": p, "greedy": greedy, "ids": ids, "logits": logits})
+            if pi == diagnose_prompt:
+                refs[-1]["layers"] = layer_outputs(model, ids)
             run.log("reference for the %d-token prompt: greedy %s" % (len(p), greedy))
     return refs
 
@@ -361,13 +388,14 @@ class SelfTestModel:
 # minids side
 
 
-def sh(cmd, run, log_name, timeout):
+def sh(cmd, run, log_name, timeout, env=None):
     t = time.time()
     with open(os.path.join(run.logs, log_name), "w") as log:
-        log.write("$ %s\n" % " ".join(cmd if len(" ".join(cmd)) < 2000 else cmd[:6] + ["..."]))
+        log.write("$ %s%s\n" % ("".join("%s=%s " % kv for kv in (env or {}).items()), " ".join(
+            cmd if len(" ".join(cmd)) < 2000 else cmd[:6] + ["..."])))
         log.flush()
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=max(1, timeout))
+                           timeout=max(1, timeout), env=dict(os.environ, **(env or {})))
         log.write(p.stdout)
     return p.returncode, p.stdout, time.time() - t
 
@@ -394,9 +422,15 @@ def compare(ref, got, n_prompt, n_greedy):
             "greedy_steps": n_greedy, "first_divergence": first}
 
 
-def run_minids(args, mds, dtype, refs, run, has_cpu_flag):
+def run_minids(args, mds, dtype, refs, run, has_cpu_flag, variant=None):
+    """minids on every prompt (the checks), or with variant = (label, extra flags, prompt
+    indices) a diagnostic run whose rows are reported apart and do not decide the result."""
+    label, extra, which, env = variant or ("", [], range(len(refs)), {})
     for i, ref in enumerate(refs):
-        what = "%s experts, %d-token prompt" % (dtype, len(ref["prompt"]))
+        if i not in which:
+            continue
+        what = "%s experts, %d-token prompt%s" % (dtype, len(ref["prompt"]),
+                                                   ", " + label if label else "")
         if run.left() < 20:
             run.skip(what, "time budget spent")
             continue
@@ -407,15 +441,18 @@ def run_minids(args, mds, dtype, refs, run, has_cpu_flag):
         if args.cpu and has_cpu_flag:
             cmd.append("--cpu")
         cmd += args.minids_flag  # e.g. --minids-flag=--cache-type-k --minids-flag=f32
+        cmd += extra
+        log_name = "run_%s_%d%s.txt" % (dtype, i, "_" + re.sub(r"\W+", "_", label) if label else "")
         try:
-            rc, out, secs = sh(cmd, run, "run_%s_%d.txt" % (dtype, i), run.left() - 10)
+            rc, out, secs = sh(cmd, run, log_name, run.left() - 10, env)
         except subprocess.TimeoutExpired:
             run.skip(what, "minids run did not finish inside the time budget")
             continue
+        rows = run.results["diagnostics" if label else "checks"]
         if rc != 0 or not os.path.exists(npy):
-            run.results["checks"].append({"what": what, "pass": False,
-                                          "error": "minids run exit %d: %s" % (rc, out[-400:])})
-            run.log("FAIL %s: minids run exit %d (logs/run_%s_%d.txt)" % (what, rc, dtype, i))
+            rows.append({"what": what, "pass": False,
+                         "error": "minids run exit %d: %s" % (rc, out[-400:])})
+            run.log("FAIL %s: minids run exit %d (logs/%s)" % (what, rc, log_name))
             continue
         import numpy as np
         got = torch.from_numpy(np.load(npy))
@@ -428,7 +465,7 @@ def run_minids(args, mds, dtype, refs, run, has_cpu_flag):
                   if re.search(r"(?i)gpu|cuda|cpu|backend|upload|resident|tok/s", s)][:4]
         m.update(what=what, dtype=dtype, limit=LIMITS[dtype], greedy_explained=explained,
                  pass_=ok, seconds=round(secs, 1), engine_lines=engine)
-        run.results["checks"].append(m)
+        rows.append(m)
         run.log("%s %s: rel L2 %.2e (limit %.0e), continuation %.2e, worst position %.2e, greedy "
                 "%d/%d teacher-forced%s, %.1f s" % (
                     "PASS" if ok else "FAIL", what, m["rel_l2_prompt"], LIMITS[dtype],
@@ -437,6 +474,48 @@ def run_minids(args, mds, dtype, refs, run, has_cpu_flag):
                     ", first difference at step %d (reference gap %.1e, minids error %.1e: %s)" %
                     (fd["step"], fd["ref_gap_rel"], fd["minids_err_rel"],
                      "explained" if explained else "NOT explained"), secs))
+
+
+def parse_variant(text, n_prompts):
+    """--variant "LABEL|ENV=V ENV2=V|--flag value ..." -> (label, flags, prompts, env)."""
+    parts = (text.split("|") + ["", ""])[:3]
+    env = dict(kv.split("=", 1) for kv in parts[1].split() if "=" in kv)
+    return parts[0].strip(), parts[2].split(), range(n_prompts), env
+
+
+def diagnose_layers(args, mds, dtype, ref, run):
+    """minids' per-layer outputs (--dump-tensors) against transformers' for one prompt: where
+    the error enters and how it grows."""
+    import numpy as np
+    dump = os.path.join(args.work, "dump_%s" % dtype)
+    shutil.rmtree(dump, ignore_errors=True)
+    cmd = [args.minids, "run", "-m", mds, "--ids", ",".join(map(str, ref["ids"])), "-n", "0",
+           "--temp", "0", "-c", str(len(ref["ids"]) + 8), "--dump-tensors", dump]
+    try:
+        rc, out, _ = sh(cmd, run, "dump_%s.txt" % dtype, min(120, run.left() - 10))
+    except subprocess.TimeoutExpired:
+        run.skip("per-layer dump %s" % dtype, "time budget spent")
+        return
+    rows = []
+    for i in range(len(ref["layers"]) // 3):
+        row = [i]
+        for name in ("attn_out", "ffn_out", "l_out"):
+            key = "%s-%d" % (name, i)
+            f = os.path.join(dump, key + ".npy")
+            if key not in ref["layers"] or not os.path.exists(f):
+                row.append(None)
+                continue
+            r = ref["layers"][key].double()
+            g = torch.from_numpy(np.load(f)).double().reshape(r.shape)
+            row.append(float((g - r).norm() / r.norm()))
+        rows.append(row)
+    shutil.rmtree(dump, ignore_errors=True)
+    run.results.setdefault("layers", {})[dtype] = rows
+    fmt = lambda v: "%9.2e" % v if v is not None else "        -"
+    run.log("per-layer relative L2, %s experts, %d-token prompt (minids rc %d): layer, attention "
+            "output, FFN output, layer output" % (dtype, len(ref["prompt"]), rc))
+    for row in rows:
+        run.log("  layer %2d %s %s %s" % (row[0], fmt(row[1]), fmt(row[2]), fmt(row[3])))
 
 
 def convert(args, hf_dir, mds, dtype, run):
@@ -481,6 +560,13 @@ def main():
     ap.add_argument("--time-budget", type=float, default=530, help="seconds for everything")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and .mds files")
     ap.add_argument("--only", choices=["fp8", "bf16", "both"], default="both")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="with --diagnose: a diagnostic run instead of the default ones, "
+                         "\"LABEL|ENV=VALUE ...|--flag value ...\" (repeat for several)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also, on the BF16 experts: per-layer outputs of the second prompt "
+                         "against transformers', and diagnostic runs (the prompt in one-token "
+                         "steps, 16-token steps, and on the CPU) that do not decide the result")
     ap.add_argument("--self-test", action="store_true", help="no transformers or GPU: "
                     "deepseek_reference.py's float64 forward as the reference (tests this script)")
     args = ap.parse_args()
@@ -530,7 +616,8 @@ def main():
         if args.self_test:
             refs = model.reference(prompts, args.greedy, run)
         else:
-            refs = reference(model, c, prompts, args.greedy, run)
+            refs = reference(model, c, prompts, args.greedy, run,
+                             diagnose_prompt=1 if args.diagnose and len(prompts) > 1 else -1)
         run.stage("reference", t)
         del model
         if torch.cuda.is_available():
@@ -556,6 +643,17 @@ def main():
             t = time.time()
             run_minids(args, mds, dtype, refs, run, has_cpu_flag)
             run.stage("minids runs %s" % dtype, t)
+            if args.diagnose and dtype == "bf16":
+                t = time.time()
+                if len(refs) > 1 and "layers" in refs[1]:
+                    diagnose_layers(args, mds, dtype, refs[1], run)
+                variants = [parse_variant(v, len(refs)) for v in args.variant] or [
+                    ("prompt in 1-token steps", ["--ubatch-size", "1"], range(len(refs)), {}),
+                    ("CPU", ["--cpu"], range(min(2, len(refs))), {}),
+                    ("prompt in 16-token steps", ["--ubatch-size", "16"], range(2), {})]
+                for v in variants:
+                    run_minids(args, mds, dtype, refs, run, has_cpu_flag, variant=v)
+                run.stage("diagnostics %s" % dtype, t)
             if not args.keep:
                 os.remove(mds)
     except Exception as e:  # noqa: BLE001 - the summary must still be written
@@ -590,6 +688,12 @@ def main():
                 "explained" if ch["greedy_explained"] else "NOT explained")))
         if ch["engine_lines"]:
             out.append("       minids: " + " | ".join(ch["engine_lines"])[:200])
+    for ch in run.results["diagnostics"]:
+        if "rel_l2_prompt" not in ch:
+            out.append("  diagnostic %s: %s" % (ch["what"], ch.get("error", "")[:200]))
+            continue
+        out.append("  diagnostic %-58s rel L2 %.2e  greedy %2d/%d" % (
+            ch["what"], ch["rel_l2_prompt"], ch["greedy_agree"], ch["greedy_steps"]))
     for s in run.results["skipped"]:
         out.append("  SKIPPED " + s)
     if "error" in run.results:
