@@ -4,10 +4,12 @@
 # Complements the event profile of gpu_check.sh --profile, whose per-launch figures include the
 # gaps between kernels and an event pair each.
 #
-#   BIN=build OUT=ncu_out scripts/ncu_decode.sh [extra minids bench flags, e.g. -d 32768]
+#   BIN=build OUT=ncu_out scripts/ncu_decode.sh [--prompt N] [extra minids bench flags, e.g. -d 32768]
 #
-# Builds nothing. Writes $OUT/ncu_decode.csv (raw) and prints one line per kernel name: launches
-# in one decode step, median µs per launch, DRAM bytes read per launch, GB/s.
+# --prompt N profiles one N-token prompt pass instead (the last of a `bench -p N -n 0` run).
+# Builds nothing. Writes $OUT/ncu_decode.csv (or ncu_prompt.csv, raw) and prints one line per
+# kernel name: launches in one decode step (prompt pass), median µs per launch, DRAM bytes read
+# per launch, GB/s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-build}"
@@ -17,16 +19,21 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
 [[ -x "$NCU" ]] || { echo "ncu_decode: no ncu found" >&2; exit 1; }
+what=decode run=(-p 0 -n 3)
+if [[ "${1:-}" == --prompt ]]; then
+    what=prompt run=(-p "$2" -n 0)
+    shift 2
+fi
 model="$WORK/v2-lite-f8_e4m3.mds"
 [[ -f "$model" ]] || timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype f8_e4m3 \
     -o "$model" > "$OUT/ncu_convert.log" 2>&1 || { echo "ncu_decode: convert failed" >&2; exit 1; }
-# One decode step is the last 40 % of the kernels of a -n 3 run; the summary keeps the kernels of
-# the final graph replay (every name appears once per layer there).
+# The summary keeps the kernels from the last launch of the embedding gather on: the final graph
+# replay of a decode step (every name once per layer there), or the last prompt pass.
 "$NCU" --clock-control none --csv --page raw --print-units base \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
-    "$BIN/minids" bench -m "$model" -p 0 -n 3 -r 1 "$@" > "$OUT/ncu_decode.csv" 2> "$OUT/ncu_decode.log"
-echo "ncu rc=$? ($(wc -l < "$OUT/ncu_decode.csv") lines)"
-python3 - "$OUT/ncu_decode.csv" <<'EOF'
+    "$BIN/minids" bench -m "$model" "${run[@]}" -r 1 "$@" > "$OUT/ncu_$what.csv" 2> "$OUT/ncu_$what.log"
+echo "ncu rc=$? ($(wc -l < "$OUT/ncu_$what.csv") lines)"
+python3 - "$OUT/ncu_$what.csv" "$what" <<'EOF'
 import csv, io, sys, statistics, collections
 # the program's own output shares stdout with ncu's csv: keep the quoted csv lines
 lines = [l for l in open(sys.argv[1]).read().splitlines() if l.startswith('"')]
@@ -41,7 +48,7 @@ by = collections.OrderedDict()
 for r in step:
     by.setdefault((r["Kernel Name"][:60], r["launch__grid_size"]), []).append(r)
 tot = sum(num(r["gpu__time_duration.sum"]) for r in step) / 1e3
-print(f"decode step: {len(step)} kernels, {tot:.1f} us of kernel time (ns timer, serialized)")
+print(f"{sys.argv[2]} {'step' if sys.argv[2] == 'decode' else 'pass'}: {len(step)} kernels, {tot:.1f} us of kernel time (ns timer, serialized)")
 print(f"{'us total':>9} {'n':>4} {'med us':>8} {'MB read':>8} {'GB/s':>6} grid/block/regs  kernel")
 for name, rs in sorted(by.items(), key=lambda kv: -sum(num(r['gpu__time_duration.sum']) for r in kv[1])):
     t = [num(r["gpu__time_duration.sum"]) / 1e3 for r in rs]
