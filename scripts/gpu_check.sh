@@ -6,8 +6,10 @@
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
-#                        [--fetch-compare] [--ncu] [--norm-out]
+#                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...]
 #
+# --ab VAR=VALUE (repeatable) runs the demo model (GPU vs CPU) and the FP8 tg128 and pp512 once
+# more with that environment variable set: one binary A/Bs a switch on the whole model.
 # --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
@@ -29,8 +31,12 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
 KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
-for a in "$@"; do
+AB=()
+while [[ $# -gt 0 ]]; do
+    a=$1
+    shift
     case "$a" in
+        --ab) AB+=("$1"); shift ;;
         --kernels) KERNELS=1 ;;
         --full-size) FULL=1 ;;
         --fixtures) FIXTURES=1 ;;
@@ -42,6 +48,9 @@ for a in "$@"; do
         --norm-out) NORM_OUT=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
+done
+for ab in ${AB[@]+"${AB[@]}"}; do
+    [[ $ab == *=* ]] || { echo "gpu_check: --ab wants VAR=VALUE, got $ab" >&2; exit 2; }
 done
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -91,6 +100,13 @@ if [[ $NORM_OUT == 1 ]]; then
     done
 fi
 
+for ab in ${AB[@]+"${AB[@]}"}; do
+    env "$ab" timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 \
+        > "$OUT/demo_gpu_ab.txt" 2> "$OUT/demo_gpu_ab.log"
+    if cmp -s "$OUT/demo_gpu_ab.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
+    say "demo model greedy 48 tokens, GPU with $ab vs CPU: $same"
+done
+
 # 3. Synthetic V2-Lite: FP8 experts, then BF16 experts (each converted, benchmarked, deleted).
 bench_model() {  # $1 = expert dtype
     local f="$WORK/v2-lite-$1.mds"
@@ -119,6 +135,12 @@ bench_model() {  # $1 = expert dtype
         for fuse in "$FUSE_NORM_OUT" "$FUSE_ROUTER" all; do
             MINIDS_CUDA_FUSE=$fuse timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 128 -r $reps -o md \
                 2>/dev/null | grep -E '\| tg' | while read -r line; do say "bench $1 (MINIDS_CUDA_FUSE=$fuse): $line"; done
+        done
+    fi
+    if [[ $1 == f8_e4m3 ]]; then
+        for ab in ${AB[@]+"${AB[@]}"}; do
+            env "$ab" timeout 200 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md \
+                2>/dev/null | grep -E '\| (pp|tg)' | while read -r line; do say "bench $1 ($ab): $line"; done
         done
     fi
     # The expert cache (issue 10, new): the 12 GiB plan, and 8 slots per MoE layer (208).
