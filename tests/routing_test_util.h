@@ -1,10 +1,13 @@
 // Small routing traces for the routing tests.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "routing/expert_cache.h"
 #include "routing/trace.h"
 
 namespace minids::test {
@@ -51,6 +54,36 @@ inline routing::RoutingTrace random_trace(int32_t L, int32_t E, int32_t k, int64
     std::uniform_real_distribution<float> w(0.05f, 1.0f);
     for (float& x : tr.weights) x = w(rng);
     return tr;
+}
+
+// The grid both simulators are checked over: f(trace, config) for random traces of 300 tokens
+// over 3 MoE layers of 12 experts, top-3 (seeds 1..3), a global or per-layer pool of 9, 15 or
+// 24 slots, every policy and every admission it supports (lru admits all), decay half-life 7.3.
+template <class F>
+void for_each_small_cache_config(F&& f) {
+    using routing::Admission;
+    using routing::Policy;
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+        const routing::RoutingTrace tr = random_trace(3, 12, 3, 300, seed);
+        for (bool per_layer : {false, true})
+            for (int64_t slots : {9, 15, 24})
+                for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady})
+                    for (Admission a : {Admission::all, Admission::frequency}) {
+                        if (p == Policy::lru && a == Admission::frequency) continue;
+                        routing::CacheConfig c;
+                        c.policy = p;
+                        c.admit = a;
+                        c.n_slots = slots;
+                        c.per_layer = per_layer;
+                        c.decay_half_life = 7.3;
+                        CAPTURE(seed);
+                        CAPTURE(per_layer);
+                        CAPTURE(slots);
+                        CAPTURE(routing::policy_name(p));
+                        CAPTURE(routing::admission_name(a));
+                        f(tr, c);
+                    }
+    }
 }
 
 }  // namespace minids::test

@@ -36,47 +36,26 @@ Predictions make_predictions(const RoutingTrace& tr, int32_t depth,
 }  // namespace
 
 TEST_CASE("routing prefetch: depth 0 is the plain simulator, hit for hit") {
-    for (uint64_t seed = 1; seed <= 3; ++seed) {
-        const RoutingTrace tr = random_trace(3, 12, 3, 300, seed);
-        for (bool per_layer : {false, true}) {
-            for (int64_t slots : {9, 15, 24}) {
-                for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady}) {
-                    for (Admission a : {Admission::all, Admission::frequency}) {
-                        if (p == Policy::lru && a == Admission::frequency) continue;
-                        CacheConfig c;
-                        c.policy = p;
-                        c.admit = a;
-                        c.n_slots = slots;
-                        c.per_layer = per_layer;
-                        c.decay_half_life = 7.3;
-                        const SimResult s = simulate(tr, c);
-                        TimingModel tm;
-                        tm.link_gbs = 2;  // 1000-byte experts: 0.5 us each
-                        tm.attn_us = 3;
-                        tm.moe_us = 2;
-                        tm.fetch_us = 1;
-                        const PrefetchResult r = simulate_prefetch(tr, c, nullptr, 0, tm);
-                        CAPTURE(seed);
-                        CAPTURE(per_layer);
-                        CAPTURE(slots);
-                        CAPTURE(policy_name(p));
-                        CHECK(r.sim.hits == s.hits);
-                        CHECK(r.sim.fills == s.fills);
-                        CHECK(r.sim.layer_hits == s.layer_hits);
-                        CHECK(r.demand_misses == s.accesses - s.hits);
-                        CHECK(r.prefetches == 0);
-                        // Without prefetch every miss stalls its layer: one dense layer (model
-                        // layer 0) and 3 MoE layers per token, plus 0.5 us per miss.
-                        const double expect =
-                            300.0 * (5 + 3 * 6) + 0.5 * double(s.accesses - s.hits);
-                        CHECK(r.time_us == doctest::Approx(expect));
-                        CHECK(r.stall_us == doctest::Approx(0.5 * double(s.accesses - s.hits)));
-                        CHECK(r.busy_us == doctest::Approx(r.stall_us));
-                    }
-                }
-            }
-        }
-    }
+    minids::test::for_each_small_cache_config([](const RoutingTrace& tr, const CacheConfig& c) {
+        const SimResult s = simulate(tr, c);
+        TimingModel tm;
+        tm.link_gbs = 2;  // 1000-byte experts: 0.5 us each
+        tm.attn_us = 3;
+        tm.moe_us = 2;
+        tm.fetch_us = 1;
+        const PrefetchResult r = simulate_prefetch(tr, c, nullptr, 0, tm);
+        CHECK(r.sim.hits == s.hits);
+        CHECK(r.sim.fills == s.fills);
+        CHECK(r.sim.layer_hits == s.layer_hits);
+        CHECK(r.demand_misses == s.accesses - s.hits);
+        CHECK(r.prefetches == 0);
+        // Without prefetch every miss stalls its layer: one dense layer (model layer 0) and 3
+        // MoE layers per token, plus 0.5 us per miss.
+        const double expect = 300.0 * (5 + 3 * 6) + 0.5 * double(s.accesses - s.hits);
+        CHECK(r.time_us == doctest::Approx(expect));
+        CHECK(r.stall_us == doctest::Approx(0.5 * double(s.accesses - s.hits)));
+        CHECK(r.busy_us == doctest::Approx(r.stall_us));
+    });
 }
 
 TEST_CASE("routing prefetch: a hand-made sequence, used and wasted, and its modeled time") {

@@ -164,37 +164,16 @@ int64_t brute_force_min_misses(const RoutingTrace& tr, int64_t slots, int64_t bo
 }  // namespace
 
 TEST_CASE("routing sim: every policy matches the naive reference simulator") {
-    for (uint64_t seed = 1; seed <= 3; ++seed) {
-        const RoutingTrace tr = random_trace(3, 12, 3, 300, seed);
-        for (bool per_layer : {false, true}) {
-            for (int64_t slots : {9, 15, 24}) {
-                for (Policy p : {Policy::lru, Policy::lfu, Policy::decay, Policy::belady}) {
-                    for (Admission a : {Admission::all, Admission::frequency}) {
-                        if (p == Policy::lru && a == Admission::frequency) continue;
-                        CacheConfig c;
-                        c.policy = p;
-                        c.admit = a;
-                        c.n_slots = slots;
-                        c.per_layer = per_layer;
-                        c.decay_half_life = 7.3;
-                        const SimResult r = simulate(tr, c);
-                        CAPTURE(seed);
-                        CAPTURE(per_layer);
-                        CAPTURE(slots);
-                        CAPTURE(policy_name(p));
-                        CAPTURE(admission_name(a));
-                        CHECK(r.hits == naive_hits(tr, c));
-                        CHECK(r.accesses == 300 * 3 * 3);
-                        int64_t layer_sum = 0;
-                        for (int64_t h : r.layer_hits) layer_sum += h;
-                        CHECK(layer_sum == r.hits);
-                        CHECK(r.fills <= r.accesses - r.hits);
-                        if (a == Admission::all) CHECK(r.fills == r.accesses - r.hits);
-                    }
-                }
-            }
-        }
-    }
+    minids::test::for_each_small_cache_config([](const RoutingTrace& tr, const CacheConfig& c) {
+        const SimResult r = simulate(tr, c);
+        CHECK(r.hits == naive_hits(tr, c));
+        CHECK(r.accesses == 300 * 3 * 3);
+        int64_t layer_sum = 0;
+        for (int64_t h : r.layer_hits) layer_sum += h;
+        CHECK(layer_sum == r.hits);
+        CHECK(r.fills <= r.accesses - r.hits);
+        if (c.admit == Admission::all) CHECK(r.fills == r.accesses - r.hits);
+    });
 }
 
 TEST_CASE("routing sim: belady equals brute force on small cases and bounds every policy") {
