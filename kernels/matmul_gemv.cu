@@ -34,6 +34,7 @@
 
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
+#include "load_stream.cuh"
 #include "matmul_internal.h"
 
 namespace minids::kernels::detail {
@@ -79,14 +80,6 @@ struct GemvArgs {
     float* partial;
     int* counters;
 };
-
-__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 template <bool FP8>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -159,7 +152,7 @@ __device__ __forceinline__ void load_steps(uint4 (&dst)[U][RW], const uint8_t* c
         const bool ok = i < nq && c < c_end;
 #pragma unroll
         for (int r = 0; r < RW; ++r)
-            dst[u][r] = (ok && row_ok[r]) ? ld_stream(wrow[r] + int64_t(c) * 16)
+            dst[u][r] = (ok && row_ok[r]) ? load_weights16(wrow[r] + int64_t(c) * 16)
                                           : make_uint4(0u, 0u, 0u, 0u);
     }
 }

@@ -10,6 +10,7 @@
 
 #include "cp_async.cuh"
 #include "cuda_check.h"
+#include "load_stream.cuh"
 #include "moe.h"
 
 namespace minids::kernels::moe_detail {
@@ -19,16 +20,6 @@ constexpr unsigned full_mask = 0xffffffffu;
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o);
-    return v;
-}
-
-// 16 bytes of weights through the read-only path, not kept in L1 (every weight byte is read
-// once per launch; L1 is for the activations).
-__device__ __forceinline__ uint4 load_weights16(const uint8_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
     return v;
 }
 

@@ -16,16 +16,9 @@
 #include <cstdint>
 
 #include "dependent_launch.cuh"
+#include "load_stream.cuh"
 
 namespace minids::kernels::stream_detail {
-
-__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 // The E weights of one 16-byte chunk as floats.
 template <bool FP8>
@@ -114,7 +107,7 @@ __device__ __forceinline__ void stream_rows(const Args& a, const uint8_t* wb, co
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int c = c0 + u * 32 + lane;
-                wv[r][u] = (row < a.n && c < a.chunks) ? ld_weights(wr + int64_t(c) * 16)
+                wv[r][u] = (row < a.n && c < a.chunks) ? load_weights16(wr + int64_t(c) * 16)
                                                        : make_uint4(0, 0, 0, 0);
             }
         }
