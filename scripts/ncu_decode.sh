@@ -12,21 +12,12 @@
 # per launch, GB/s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN="${BIN:-build}"
-OUT="${OUT:-ncu_out}"
-WORK="${WORK:-/tmp/minids_gpu_check}"
-mkdir -p "$OUT" "$WORK"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-[[ -x "$NCU" ]] || { echo "ncu_decode: no ncu found" >&2; exit 1; }
+source scripts/ncu_common.sh ncu_decode
 what=decode run=(-p 0 -n 3)
 if [[ "${1:-}" == --prompt ]]; then
     what=prompt run=(-p "$2" -n 0)
     shift 2
 fi
-model="$WORK/v2-lite-f8_e4m3.mds"
-[[ -f "$model" ]] || timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype f8_e4m3 \
-    -o "$model" > "$OUT/ncu_convert.log" 2>&1 || { echo "ncu_decode: convert failed" >&2; exit 1; }
 # The summary keeps the kernels from the last launch of the embedding gather on: the final graph
 # replay of a decode step (every name once per layer there), or the last prompt pass.
 "$NCU" --clock-control none --csv --page raw --print-units base \

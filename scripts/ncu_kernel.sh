@@ -12,16 +12,7 @@ cd "$(dirname "$0")/.."
 regex=${1:?usage: ncu_kernel.sh REGEX [COUNT] [bench flags]}
 count=${2:-4}
 shift $(( $# >= 2 ? 2 : 1 ))
-BIN="${BIN:-build}"
-OUT="${OUT:-ncu_out}"
-WORK="${WORK:-/tmp/minids_gpu_check}"
-mkdir -p "$OUT" "$WORK"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-[[ -x "$NCU" ]] || { echo "ncu_kernel: no ncu found" >&2; exit 1; }
-model="$WORK/v2-lite-f8_e4m3.mds"
-[[ -f "$model" ]] || timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype f8_e4m3 \
-    -o "$model" > "$OUT/ncu_convert.log" 2>&1 || { echo "ncu_kernel: convert failed" >&2; exit 1; }
+source scripts/ncu_common.sh ncu_kernel
 # Skip the warm-up's launches: profile the last `count` matches of a 3-token decode run (26 MoE
 # layers per token, so a count up to 26 stays inside the final token's graph replay).
 total=$("$NCU" --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
