@@ -275,6 +275,26 @@ TEST_CASE("mgl cuda fusion switches from MINIDS_CUDA_FUSE (host only)") {
         unsetenv("MINIDS_CUDA_FUSE");
 }
 
+TEST_CASE("mgl cuda precise switches from MINIDS_CUDA_PRECISE (host only)") {
+    const char* old = std::getenv("MINIDS_CUDA_PRECISE");
+    const std::string saved = old ? old : "";
+    unsetenv("MINIDS_CUDA_PRECISE");
+    auto off = mgl::cuda::precise_switches_from_env();
+    CHECK((!off.gemm && !off.moe && !off.mla));
+    setenv("MINIDS_CUDA_PRECISE", "gemm,mla", 1);
+    auto some = mgl::cuda::precise_switches_from_env();
+    CHECK((some.gemm && !some.moe && some.mla));
+    setenv("MINIDS_CUDA_PRECISE", "all", 1);
+    auto all = mgl::cuda::precise_switches_from_env();
+    CHECK((all.gemm && all.moe && all.mla));
+    setenv("MINIDS_CUDA_PRECISE", "gem", 1);  // a typo is an error, not a silent no-op
+    CHECK_THROWS_AS(mgl::cuda::precise_switches_from_env(), mgl::error);
+    if (old)
+        setenv("MINIDS_CUDA_PRECISE", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_CUDA_PRECISE");
+}
+
 TEST_CASE("mgl cuda fusion planner (host only): no fusion of a graph output or a shared product") {
     auto cpu_be = mgl::make_cpu_backend(1);
     side s(*cpu_be);

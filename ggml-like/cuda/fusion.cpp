@@ -11,6 +11,18 @@
 
 namespace mgl::cuda {
 
+namespace {
+
+// Each name of the comma list s, in order.
+std::vector<std::string> names_of(const std::string& s) {
+    std::vector<std::string> names;
+    std::stringstream list(s);
+    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+    return names;
+}
+
+}  // namespace
+
 fusion_switches fusion_switches_from_env(fusion_switches on) {
     const char* v = std::getenv("MINIDS_CUDA_FUSE");
     if (!v || !*v) return on;
@@ -18,8 +30,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (s == "all" || s == "1") return on;
     fusion_switches keep{false, false, false, false, false, false, false};
     if (s != "0" && s != "none") {
-        std::stringstream list(s);
-        for (std::string name; std::getline(list, name, ',');) {
+        for (const std::string& name : names_of(s)) {
             if (name == "norm") {
                 keep.norm = true;
             } else if (name == "residual") {
@@ -42,6 +53,27 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
         }
     }
     return keep;
+}
+
+precise_switches precise_switches_from_env() {
+    precise_switches on;
+    const char* v = std::getenv("MINIDS_CUDA_PRECISE");
+    if (!v || !*v) return on;
+    for (const std::string& name : names_of(v)) {
+        if (name == "all") {
+            on = precise_switches{true, true, true};
+        } else if (name == "gemm") {
+            on.gemm = true;
+        } else if (name == "moe") {
+            on.moe = true;
+        } else if (name == "mla") {
+            on.mla = true;
+        } else {
+            throw error("MINIDS_CUDA_PRECISE: unknown product '" + name +
+                        "' (expected a comma list of gemm, moe, mla, or all)");
+        }
+    }
+    return on;
 }
 
 namespace {

@@ -40,6 +40,14 @@ using fusion_switches = cuda_fusions;
 // off by default, norm_moe, norm_out and router_route, to measure them).
 fusion_switches fusion_switches_from_env(fusion_switches defaults);
 
+// MINIDS_CUDA_PRECISE names the products to run in FP32 instead of on BF16 tensor cores (slow; to
+// measure what BF16 rounding of activations costs in accuracy): gemm (the cuBLAS GEMMs of a
+// prompt), moe (the grouped expert GEMMs), mla (the attention kernels), or all.
+struct precise_switches {
+    bool gemm = false, moe = false, mla = false;
+};
+precise_switches precise_switches_from_env();
+
 struct route_group {
     tensor* softmax = nullptr;
     tensor* topk = nullptr;

@@ -4,7 +4,6 @@
 #include "launches.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "expert_fetch.h"
@@ -64,26 +63,9 @@ Params with_pdl(Params p, const exec_env& env) {
     return p;
 }
 
-// MINIDS_CUDA_PRECISE names the products to run in FP32 instead of on BF16 tensor cores (slow; to
-// measure what BF16 rounding of activations costs in accuracy): gemm (the cuBLAS GEMMs of a
-// prompt), moe (the grouped expert GEMMs), mla (the attention kernels), or all.
-struct precise_switches {
-    bool gemm = false, moe = false, mla = false;
-};
+// MINIDS_CUDA_PRECISE (fusion.h), read once.
 const precise_switches& precise() {
-    static const precise_switches s = [] {
-        precise_switches r;
-        const char* v = std::getenv("MINIDS_CUDA_PRECISE");
-        const std::string list = v ? std::string(",") + v + "," : "";
-        auto has = [&](const char* name) {
-            return list.find(std::string(",") + name + ",") != std::string::npos ||
-                   list.find(",all,") != std::string::npos;
-        };
-        r.gemm = has("gemm");
-        r.moe = has("moe");
-        r.mla = has("mla");
-        return r;
-    }();
+    static const precise_switches s = precise_switches_from_env();
     return s;
 }
 
