@@ -395,7 +395,9 @@ GemmPlan plan_gemm(const MatmulParams& p, bool f32_math) {
     g.x_bf16 = !f32;
     g.convert_x = !f32 || p.rms_norm || (p.m > 1 && p.x_row_stride < p.k);
     g.x_bytes = g.convert_x ? size_t(p.batch * p.m * p.k) * (g.x_bf16 ? 2 : 4) : 0;
-    g.materialize = p.w_type != mgl::dtype::f32 && f32 ? true : !cublas_direct_weights(p);
+    // FP32 math on 16-bit or FP8 weights needs them widened; otherwise only layouts cuBLAS
+    // cannot read directly do.
+    g.materialize = (f32 && p.w_type != mgl::dtype::f32) || !cublas_direct_weights(p);
     if (g.materialize) {
         g.w_bf16 = !f32;
         const size_t row_bytes = size_t(p.k) * (g.w_bf16 ? 2 : 4);
