@@ -143,6 +143,16 @@ bench_model() {  # $1 = expert dtype
                 2>/dev/null | grep -E '\| (pp|tg)' | while read -r line; do say "bench $1 ($ab): $line"; done
         done
     fi
+    # The host's gap between decode steps: tg128 again with each graph replay timed by two CUDA
+    # events (MINIDS_CUDA_REPLAY_TIMER); wall time per token minus the replay's GPU time is what
+    # the step waits on the host (logits download, sync, input upload, graph launch).
+    if [[ $1 == f8_e4m3 ]]; then
+        MINIDS_CUDA_REPLAY_TIMER=1 timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 128 -r $reps -o md \
+            > "$OUT/bench_replay_timer.md" 2> "$OUT/bench_replay_timer.log"
+        local tg=$(grep -E '\| tg128 ' "$OUT/bench_replay_timer.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+        local gpu_us=$(grep -m1 'cuda replay timer' "$OUT/bench_replay_timer.log" | sed -E 's/.*median ([0-9.]+) us.*/\1/')
+        say "decode host gap: tg128 ${tg:-?} tok/s with the replay timer; GPU time per decode replay ${gpu_us:-?} us (median); $(awk "BEGIN { if (\"$tg\" > 0 && \"$gpu_us\" > 0) printf \"wall %.1f us per token, host gap %.1f us\", 1e6 / \"$tg\", 1e6 / \"$tg\" - \"$gpu_us\" }")"
+    fi
     # The expert cache (issue 10, new): the 12 GiB plan, and 8 slots per MoE layer (208).
     if [[ $1 == f8_e4m3 ]]; then
         # The driver's view of the process's GPU memory, sampled every 200 ms during the run.

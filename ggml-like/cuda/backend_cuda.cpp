@@ -118,6 +118,7 @@ public:
           verbose_(env_flag("MINIDS_CUDA_VERBOSE", false)),
           sync_each_(env_flag("MINIDS_CUDA_SYNC", false)),
           profile_(env_flag("MINIDS_CUDA_PROFILE", false)),
+          replay_timing_(env_flag("MINIDS_CUDA_REPLAY_TIMER", false)),
           fusions_(fusion_switches_from_env(o.fuse)),
           stream_((use_device(), cuda::stream())),
           cublas_(stream_.get(), size_t(32) << 20),
@@ -130,6 +131,7 @@ public:
         (void)cudaStreamSynchronize(stream_.get());
         for (auto& [version, plan] : plans_) merge_profile(*plan);
         for (const auto& [title, t] : profiles_) std::fputs(t.format(title).c_str(), stderr);
+        if (replay_timing_) std::fputs(replay_timer_.format().c_str(), stderr);
     }
 
     const char* name() const override { return "cuda"; }
@@ -238,7 +240,9 @@ public:
                 capture(g, p, env);
                 p.recorded_workspace_generation = ws_generation;
             }
+            if (replay_timing_) replay_timer_.before(stream_.get(), p.title);
             p.recording.launch(stream_.get());
+            if (replay_timing_) replay_timer_.after(stream_.get());
             ++p.graph_launches;
             if (p.replay_profile) p.replay_profile->collect(stream_.get());
             return;
@@ -494,7 +498,7 @@ private:
     }
 
     int device_;
-    bool graphs_, pdl_, verbose_, sync_each_, profile_;
+    bool graphs_, pdl_, verbose_, sync_each_, profile_, replay_timing_;
     fusion_switches fusions_;
     cuda::stream stream_;
     cublas_handle cublas_;
@@ -508,6 +512,7 @@ private:
     uint64_t clock_ = 0;
     std::map<std::string, profile_table> profiles_;  // MINIDS_CUDA_PROFILE, by graph shape
     std::set<std::string> profile_warmups_;
+    replay_timer replay_timer_;  // MINIDS_CUDA_REPLAY_TIMER
 };
 
 }  // namespace

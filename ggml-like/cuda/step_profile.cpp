@@ -102,4 +102,50 @@ std::string profile_table::format(const std::string& title) const {
     return out;
 }
 
+replay_timer::~replay_timer() {
+    if (start_) (void)cudaEventDestroy(start_);
+    if (end_) (void)cudaEventDestroy(end_);
+}
+
+void replay_timer::collect() {
+    if (pending_.empty()) return;
+    CUDA_CHECK(cudaEventSynchronize(end_));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start_, end_));
+    us_[pending_].push_back(ms * 1000.0f);
+    pending_.clear();
+}
+
+void replay_timer::before(cudaStream_t s, const std::string& title) {
+    if (!start_) {
+        CUDA_CHECK(cudaEventCreate(&start_));
+        CUDA_CHECK(cudaEventCreate(&end_));
+    }
+    collect();
+    CUDA_CHECK(cudaEventRecord(start_, s));
+    pending_ = title.empty() ? "graph" : title;
+}
+
+void replay_timer::after(cudaStream_t s) { CUDA_CHECK(cudaEventRecord(end_, s)); }
+
+std::string replay_timer::format() {
+    collect();
+    std::string out;
+    char line[320];
+    for (auto& [title, v] : us_) {
+        if (v.empty()) continue;
+        std::vector<float> sorted = v;
+        std::sort(sorted.begin(), sorted.end());
+        double sum = 0;
+        for (float x : v) sum += x;
+        std::snprintf(line, sizeof line,
+                      "cuda replay timer: %s: %zu replays, GPU time per replay median %.1f us, "
+                      "mean %.1f us\n",
+                      title.c_str(), v.size(), double(sorted[sorted.size() / 2]),
+                      sum / double(v.size()));
+        out += line;
+    }
+    return out;
+}
+
 }  // namespace mgl::cuda

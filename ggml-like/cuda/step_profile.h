@@ -53,4 +53,29 @@ private:
     uint64_t replays_ = 0;
 };
 
+// MINIDS_CUDA_REPLAY_TIMER=1: the GPU time of every graph replay, from an event recorded just
+// before the launch to one just after it (two events per replay, no per-launch ones), so a
+// benchmark can tell the replayed step itself from the host's gap between steps (wall time per
+// token minus this). Printed to stderr per graph shape when the backend is destroyed.
+class replay_timer {
+public:
+    replay_timer() = default;
+    replay_timer(const replay_timer&) = delete;
+    replay_timer& operator=(const replay_timer&) = delete;
+    ~replay_timer();
+
+    // Around one replay's launch on `s`. before() first collects the previous replay's time
+    // (waiting for it if it has not finished, which a decode loop has already done).
+    void before(cudaStream_t s, const std::string& title);
+    void after(cudaStream_t s);
+    // "cuda replay timer: TITLE: N replays, GPU time per replay median X us, mean Y us" lines.
+    std::string format();
+
+private:
+    void collect();
+    cudaEvent_t start_ = nullptr, end_ = nullptr;
+    std::string pending_;  // title of the replay whose events are recorded but not collected
+    std::map<std::string, std::vector<float>> us_;
+};
+
 }  // namespace mgl::cuda
