@@ -9,7 +9,9 @@ Steps (each timed; the whole run kept inside --time-budget):
      index, config.json, the tiny tokenizer of tests/data/tiny-v2-lite, which `minids convert`
      accepts for a larger vocabulary);
   2. transformers' logits are recorded (float32 on the GPU) for three prompts of random token ids
-     (--prompt-lens, default 7, 64, 700) extended by --greedy argmax tokens;
+     (--prompt-lens, default 7, 64, 700) extended by --greedy argmax tokens; then, for scale,
+     the model cast to BF16 is run on the same ids and compared with those float32 logits
+     (transformers' own "BF16 compute" error; reported as a baseline, decides nothing);
   3. `minids convert` writes FP8 experts, then BF16 experts; each .mds is run with `minids run
      --ids PROMPT+GREEDY -n 0 --temp 0 --dump-logits` (teacher-forced: every position's logits in
      one run) and deleted afterwards, as is the checkpoint once both conversions are done;
@@ -350,6 +352,23 @@ def reference(model, c, prompts, n_greedy, run, diagnose_prompt=-1):
     return refs
 
 
+def bf16_baseline(model, refs, run):
+    """transformers itself in BF16 (the model cast to bfloat16, as it is usually run) against its
+    own float32 logits: what "BF16 compute" costs the reference implementation on these weights,
+    for scale next to minids' BF16 figures. Reported apart; it decides nothing."""
+    model.to(torch.bfloat16)
+    with torch.no_grad():
+        for ref in refs:
+            got = model(input_ids=torch.tensor([ref["ids"]], device="cuda"),
+                        use_cache=False).logits[0].float().cpu()
+            m = compare(ref["logits"], got, len(ref["prompt"]), len(ref["greedy"]))
+            m["what"] = "transformers BF16, %d-token prompt" % len(ref["prompt"])
+            run.results.setdefault("baselines", []).append(m)
+            run.log("baseline %s: rel L2 %.2e, continuation %.2e, greedy %d/%d teacher-forced" % (
+                m["what"], m["rel_l2_prompt"], m["rel_l2_continuation"] or 0.0,
+                m["greedy_agree"], m["greedy_steps"]))
+
+
 class SelfTestModel:
     """--self-test stand-in for transformers (no GPU, no transformers): hub weights from
     deepseek_reference.random_weights, exposed in transformers 5's fused expert layout so the
@@ -567,6 +586,9 @@ def main():
                     help="also, on the BF16 experts: per-layer outputs of the second prompt "
                          "against transformers', and diagnostic runs (the prompt in one-token "
                          "steps, 16-token steps, and on the CPU) that do not decide the result")
+    ap.add_argument("--no-bf16-baseline", action="store_true",
+                    help="skip the baseline run of transformers itself in BF16 against its "
+                         "float32 logits (reported for scale, decides nothing)")
     ap.add_argument("--self-test", action="store_true", help="no transformers or GPU: "
                     "deepseek_reference.py's float64 forward as the reference (tests this script)")
     args = ap.parse_args()
@@ -619,6 +641,10 @@ def main():
             refs = reference(model, c, prompts, args.greedy, run,
                              diagnose_prompt=1 if args.diagnose and len(prompts) > 1 else -1)
         run.stage("reference", t)
+        if not args.self_test and not args.no_bf16_baseline:
+            t = time.time()
+            bf16_baseline(model, refs, run)
+            run.stage("transformers bf16 baseline", t)
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -688,6 +714,9 @@ def main():
                 "explained" if ch["greedy_explained"] else "NOT explained")))
         if ch["engine_lines"]:
             out.append("       minids: " + " | ".join(ch["engine_lines"])[:200])
+    for ch in run.results.get("baselines", []):
+        out.append("  baseline   %-58s rel L2 %.2e  greedy %2d/%d" % (
+            ch["what"], ch["rel_l2_prompt"], ch["greedy_agree"], ch["greedy_steps"]))
     for ch in run.results["diagnostics"]:
         if "rel_l2_prompt" not in ch:
             out.append("  diagnostic %s: %s" % (ch["what"], ch.get("error", "")[:200]))
