@@ -178,6 +178,10 @@ struct MoeDecodeConfig {
     // Launch 1: gate/up row pairs per warp (1 or 2; one read of x serves them all; unroll 8
     // keeps 1).
     int gate_up_rows_per_warp = 1;
+    // Launch 1 launches only blocks that have rows. The 2-D grid (jobs x row blocks of the
+    // widest job) gives each routed expert (1408 rows in V2-Lite) as many blocks as the shared
+    // one (2816): 1,056 of its 2,464 blocks return at once.
+    bool gate_up_compact_grid = true;
     int down_warps = 16;         // warps per block of launch 2, 1..16
     int down_warps_per_row = 4;  // launch 2: warps sharing one output row (1, 2, 4 or 8)
     int unroll = 2;              // 16-byte loads in flight per lane and row: 2, 4 or 8
@@ -185,6 +189,10 @@ struct MoeDecodeConfig {
     // expert at a time, U = 2 (unroll 2) or 4 tiles in flight, FP8 converted in hardware (the
     // tiled kernel ignores fp8_convert); used when k · rows <= 32, else one row per warp.
     int down_rows_per_warp = 2;
+    // Launch 2 (tiled) stages the token's activations (k · n_ff + shared floats, 45 KB for
+    // V2-Lite) in shared memory per block; false reads them through L1 instead (no staging
+    // barrier, more blocks per SM). Same arithmetic and order either way.
+    bool down_act_in_shared = true;
     Fp8Convert fp8_convert = Fp8Convert::hardware;
 };
 

@@ -15,6 +15,7 @@
 //
 // Weight rows that are whole 16-byte chunks (every real model) take the vectorized kernels
 // (VEC); other shapes take the same kernels reading one element at a time.
+#include <algorithm>
 #include <string>
 
 #include "dependent_launch.cuh"
@@ -52,8 +53,15 @@ struct DecodeArgs {
     int64_t act_row;     // floats per token: k · seg_r + seg_s
     int64_t seg_r;       // floats per routed segment
     int jobs_per_token;  // k (+1 with a shared expert)
-    int warps_per_row;   // launch 2: P
-    bool norm;           // launch 1 applies RMSNorm to x (norm_w may be null)
+    // Launch 1's grid without blocks that have no rows (MoeDecodeConfig::gate_up_compact_grid):
+    // per token, `both_blocks` row blocks of every job interleaved job by job (as the 2-D grid
+    // orders them), then the row blocks only the wider side has (the shared expert's when it
+    // is wider than the routed ones, else the routed jobs'), from row block `both_row_blocks`.
+    bool compact;
+    int64_t both_row_blocks;  // row blocks every job has
+    int64_t blocks_per_token;
+    int warps_per_row;  // launch 2: P
+    bool norm;          // launch 1 applies RMSNorm to x (norm_w may be null)
     const void* norm_w;
     bool norm_w_bf16;
     float norm_eps;
@@ -252,8 +260,26 @@ template <bool VEC, int U, Fp8Convert CVT, int R>
 __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    const int64_t t = blockIdx.x / a.jobs_per_token;
-    const int j = int(blockIdx.x % a.jobs_per_token);
+    int64_t t, row_block;
+    int j;
+    if (a.compact) {  // grid (blocks_per_token, T); see DecodeArgs::compact
+        t = blockIdx.y;
+        const int64_t b = blockIdx.x, both = a.both_row_blocks * a.jobs_per_token;
+        if (b < both) {
+            j = int(b % a.jobs_per_token);
+            row_block = b / a.jobs_per_token;
+        } else if (a.has_shared && a.sh_n_ff > a.n_ff) {
+            j = a.k;
+            row_block = a.both_row_blocks + (b - both);
+        } else {
+            j = int((b - both) % a.k);
+            row_block = a.both_row_blocks + (b - both) / a.k;
+        }
+    } else {  // grid (T · jobs, row blocks of the widest job)
+        t = blockIdx.x / a.jobs_per_token;
+        j = int(blockIdx.x % a.jobs_per_token);
+        row_block = blockIdx.y;
+    }
     const bool shared = j == a.k;
     // Under PDL, a routed job waits before it reads its expert id; the shared expert's weights
     // never change, so its first loads go out before the wait (in gate_up_block).
@@ -261,7 +287,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     if (!shared) pdl_wait();
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
-    const int64_t row0 = int64_t(blockIdx.y) * warps * R;
+    const int64_t row0 = row_block * warps * R;
     if (row0 >= rows) return;
 
     const mgl::dtype dt = shared ? a.stype : a.rtype;
@@ -508,7 +534,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_down_kernel(DecodeA
 // are consumed. ncu on the H200 counted ~170 warp instructions per 32 chunks in launch 2's
 // one-row kernel, with the schedulers busy 58 % of the time: it was instruction-bound.
 
-template <mgl::dtype RDT, mgl::dtype SDT, int U, int R>
+template <mgl::dtype RDT, mgl::dtype SDT, int U, int R, bool ACT_SMEM>
 __device__ void down_tiles(const DecodeArgs& a, float* act_s, float* partial) {
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = threadIdx.x % 32;
     const int P = a.warps_per_row, groups = warps / P;
@@ -574,13 +600,19 @@ __device__ void down_tiles(const DecodeArgs& a, float* act_s, float* partial) {
         if (tb + u < te) load_tile(u, tb + u);
 
     // Stage the token's activations (k routed segments, then the shared one) while those loads
-    // fly.
+    // fly; or (!ACT_SMEM) read them where launch 1 wrote them, through L1, which every warp of
+    // the SM shares (no staging, no barrier, and shared memory no longer limits the blocks per
+    // SM).
     const float4* act4 = reinterpret_cast<const float4*>(a.act + blockIdx.x * a.act_row);
-    float4* act_s4 = reinterpret_cast<float4*>(act_s);
-    for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x)
-        cp_async_16(act_s4 + i, act4 + i);
-    cp_async_wait_all();
-    __syncthreads();
+    const float4* act_s4 = act4;
+    if constexpr (ACT_SMEM) {
+        float4* staged = reinterpret_cast<float4*>(act_s);
+        for (int64_t i = threadIdx.x; i < a.act_row / 4; i += blockDim.x)
+            cp_async_16(staged + i, act4 + i);
+        cp_async_wait_all();
+        __syncthreads();
+        act_s4 = staged;
+    }
 
     const int64_t seg_r4 = a.seg_r / 4;
     const float4* act_sh4 = act_s4 + int64_t(a.k) * seg_r4;
@@ -622,25 +654,26 @@ __device__ void down_tiles(const DecodeArgs& a, float* act_s, float* partial) {
     }
 }
 
-template <int U, int R>
+template <int U, int R, bool ACT_SMEM>
 __global__ void __launch_bounds__(max_decode_threads) decode_down_tiles_kernel(DecodeArgs a) {
     pdl_enter();
     extern __shared__ float4 smem4[];
     float* act_s = reinterpret_cast<float*>(smem4);
-    float* partial = act_s + a.act_row;  // [rows_per_block, P]
+    float* partial = act_s + (ACT_SMEM ? a.act_row : 0);  // [rows_per_block, P]
     const bool shared_f32 = a.stype == mgl::dtype::f32;
+    using mgl::dtype;
     switch (a.rtype) {
-        case mgl::dtype::f32:
-            shared_f32 ? down_tiles<mgl::dtype::f32, mgl::dtype::f32, U, R>(a, act_s, partial)
-                       : down_tiles<mgl::dtype::f32, mgl::dtype::bf16, U, R>(a, act_s, partial);
+        case dtype::f32:
+            shared_f32 ? down_tiles<dtype::f32, dtype::f32, U, R, ACT_SMEM>(a, act_s, partial)
+                       : down_tiles<dtype::f32, dtype::bf16, U, R, ACT_SMEM>(a, act_s, partial);
             break;
-        case mgl::dtype::bf16:
-            shared_f32 ? down_tiles<mgl::dtype::bf16, mgl::dtype::f32, U, R>(a, act_s, partial)
-                       : down_tiles<mgl::dtype::bf16, mgl::dtype::bf16, U, R>(a, act_s, partial);
+        case dtype::bf16:
+            shared_f32 ? down_tiles<dtype::bf16, dtype::f32, U, R, ACT_SMEM>(a, act_s, partial)
+                       : down_tiles<dtype::bf16, dtype::bf16, U, R, ACT_SMEM>(a, act_s, partial);
             break;
         default:
-            shared_f32 ? down_tiles<mgl::dtype::f8_e4m3, mgl::dtype::f32, U, R>(a, act_s, partial)
-                       : down_tiles<mgl::dtype::f8_e4m3, mgl::dtype::bf16, U, R>(a, act_s, partial);
+            shared_f32 ? down_tiles<dtype::f8_e4m3, dtype::f32, U, R, ACT_SMEM>(a, act_s, partial)
+                       : down_tiles<dtype::f8_e4m3, dtype::bf16, U, R, ACT_SMEM>(a, act_s, partial);
             break;
     }
     __syncthreads();
@@ -661,8 +694,10 @@ void launch_down_tiles(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl
                        cudaStream_t stream) {
     const int warps = cfg.down_warps, rows = warps / cfg.down_warps_per_row * R;
     const dim3 grid(unsigned(a.T), unsigned((a.D + rows - 1) / rows));
-    const size_t smem = size_t(a.act_row + warps * R) * sizeof(float);
-    auto kernel = decode_down_tiles_kernel<U, R>;
+    const bool staged = cfg.down_act_in_shared;
+    const size_t smem = size_t((staged ? a.act_row : 0) + warps * R) * sizeof(float);
+    auto kernel =
+        staged ? decode_down_tiles_kernel<U, R, true> : decode_down_tiles_kernel<U, R, false>;
     allow_dynamic_smem(kernel, smem);
     launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
 }
@@ -680,6 +715,23 @@ void launch_down_tiled(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl
     }
 }
 
+// DecodeArgs::compact's block counts for `rows_per_block` rows per block (host side).
+void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
+    auto blocks = [&](int64_t rows) { return (rows + rows_per_block - 1) / rows_per_block; };
+    const int64_t routed = blocks(a.n_ff);
+    const int64_t shared = a.has_shared ? blocks(a.sh_n_ff) : routed;
+    a.both_row_blocks = std::min(routed, shared);
+    const int64_t wider_jobs = a.has_shared && a.sh_n_ff > a.n_ff ? 1 : a.k;
+    a.blocks_per_token = a.both_row_blocks * a.jobs_per_token +
+                         (std::max(routed, shared) - a.both_row_blocks) * wider_jobs;
+}
+void check_compact_grid(const DecodeArgs& a, int64_t rows_per_block) {
+    DecodeArgs b = a;
+    set_compact_grid(b, rows_per_block);
+    if (b.blocks_per_token != a.blocks_per_token || a.blocks_per_token > 0x7fffffff || a.T > 65535)
+        moe_fail("moe_experts (decode): compact grid does not match the launch shape");
+}
+
 template <bool VEC, int U, Fp8Convert CVT>
 void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
     const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
@@ -688,8 +740,13 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         // threads): unroll 8 keeps one.
         constexpr bool two_ok = VEC && U <= 4;
         const int warps = cfg.gate_up_warps, R = two_ok ? cfg.gate_up_rows_per_warp : 1;
-        const dim3 grid(unsigned(a.T * a.jobs_per_token),
-                        unsigned((max_rows + warps * R - 1) / (warps * R)));
+        const int64_t rows_per_block = int64_t(warps) * R;
+        dim3 grid(unsigned(a.T * a.jobs_per_token),
+                  unsigned((max_rows + rows_per_block - 1) / rows_per_block));
+        if (a.compact) {
+            grid = dim3(unsigned(a.blocks_per_token), unsigned(a.T));
+            check_compact_grid(a, rows_per_block);
+        }
         const size_t smem = size_t(a.D) * sizeof(float);
         auto kernel = decode_gate_up_kernel<VEC, U, CVT, 1>;
         if constexpr (two_ok) {
@@ -787,6 +844,12 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.seg_r = seg_floats(p.layout.n_ff);
     a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
     a.warps_per_row = c.down_warps_per_row;
+    a.compact = c.gate_up_compact_grid;
+    if (a.compact) {
+        // Launch 1 runs R = 2 rows per warp only where launch_decode allows it (VEC, unroll <= 4).
+        const bool two = weights_vec_aligned(p) && c.unroll <= 4 && c.gate_up_rows_per_warp == 2;
+        set_compact_grid(a, int64_t(c.gate_up_warps) * (two ? 2 : 1));
+    }
     a.norm = p.rms_norm;
     a.norm_w = p.norm_w;
     a.norm_w_bf16 = p.norm_w_type == mgl::dtype::bf16;

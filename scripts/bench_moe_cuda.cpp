@@ -214,12 +214,13 @@ Timing time_calls(Call call, cudaStream_t stream, int eager_reps, bool graph) {
 const char* name(mgl::dtype t) { return mgl::dtype_name(t); }
 
 std::string describe(const MoeDecodeConfig& c) {
-    char buf[128];
+    char buf[192];
     std::snprintf(buf, sizeof buf,
-                  "unroll %d, %s, gate_up %d warps x %d rows, down %d x %d/row, %d rows/warp",
+                  "unroll %d, %s, gate_up %d warps x %d rows%s, down %d x %d/row, %d rows/warp%s",
                   c.unroll, c.fp8_convert == Fp8Convert::hardware ? "cvt hw" : "cvt bits",
-                  c.gate_up_warps, c.gate_up_rows_per_warp, c.down_warps, c.down_warps_per_row,
-                  c.down_rows_per_warp);
+                  c.gate_up_warps, c.gate_up_rows_per_warp,
+                  c.gate_up_compact_grid ? "" : " (full grid)", c.down_warps, c.down_warps_per_row,
+                  c.down_rows_per_warp, c.down_act_in_shared ? "" : ", act via L1");
     return buf;
 }
 
@@ -331,6 +332,12 @@ int main() {
                         configs.push_back(c);
                     }
                 }
+            // The default with launch 1's full 2-D grid (empty blocks included), for comparison.
+            configs.push_back(MoeDecodeConfig{});
+            configs.back().gate_up_compact_grid = false;
+            // The default reading launch 2's activations through L1 instead of shared memory.
+            configs.push_back(MoeDecodeConfig{});
+            configs.back().down_act_in_shared = false;
             Best best;
             for (const MoeDecodeConfig& c : configs) {
                 p.decode = c;

@@ -58,6 +58,8 @@ struct Case {
           << " down_warps=" << decode.down_warps << " warps_per_row=" << decode.down_warps_per_row
           << " rows_per_warp=" << decode.down_rows_per_warp
           << " gate_up_rows=" << decode.gate_up_rows_per_warp
+          << " gate_up_compact=" << decode.gate_up_compact_grid
+          << " down_act_in_shared=" << decode.down_act_in_shared
           << " tensor_cores=" << grouped.tensor_cores << " tile_m=" << grouped.tile_m
           << " norm=" << norm
           << " norm_w=" << (norm_weight ? mgl::dtype_name(norm_w_type) : "none");
@@ -290,6 +292,8 @@ TEST_CASE("cuda moe decode: E x k grid, model shapes, odd shapes, strides, in-pl
         odd.shared_F = 7;
         odd.residual = true;
         odd.x_pad = 1;
+        check_case(odd, 1e-5);  // routed rows wider than the shared expert's: compact grid
+        odd.decode.gate_up_compact_grid = false;
         check_case(odd, 1e-5);
     }
     Case strided;
@@ -318,6 +322,10 @@ TEST_CASE("cuda moe decode: V2-Lite shapes (D 2048, n_ff 1408, top-6, shared 281
         for (int64_t T : {1, 4})
             for (int rows : {1, 2, 4}) {  // the default, and every row count of both launches
                 c.T = T;
+                // Launch 1's grid with and without the blocks that have no rows.
+                c.decode.gate_up_compact_grid = T == 1 || rows != 2;
+                // Launch 2 with the activations staged in shared memory, and read through L1.
+                c.decode.down_act_in_shared = T == 1;
                 if (rows != 2) {
                     c.decode.gate_up_rows_per_warp = rows == 4 ? 2 : 1;
                     c.decode.down_rows_per_warp = rows;
@@ -352,6 +360,8 @@ TEST_CASE("cuda moe decode: every kernel configuration gives the same answer" *
                         c.decode.gate_up_rows_per_warp = rows == 4 ? 2 : 1;
                         c.decode.gate_up_warps = wpr == 8 ? 16 : 4 * wpr;
                         c.decode.down_warps = wpr == 1 ? 4 : 8;
+                        c.decode.gate_up_compact_grid = (unroll + wpr + rows) % 2 == 0;
+                        c.decode.down_act_in_shared = (unroll + wpr) % 4 != 0;
                         check_case(c, 1e-5);
                     }
 }
