@@ -8,6 +8,7 @@
 #include <map>
 
 #include "../ggml-like/cuda/fusion.h"
+#include "../kernels/moe.h"
 #include "cuda_layer_fixture.h"
 #include "model_test_util.h"
 
@@ -293,6 +294,29 @@ TEST_CASE("mgl cuda precise switches from MINIDS_CUDA_PRECISE (host only)") {
         setenv("MINIDS_CUDA_PRECISE", saved.c_str(), 1);
     else
         unsetenv("MINIDS_CUDA_PRECISE");
+}
+
+TEST_CASE("mgl cuda MoE decode tuning from MINIDS_MOE_DECODE (host only)") {
+    const char* old = std::getenv("MINIDS_MOE_DECODE");
+    const std::string saved = old ? old : "";
+    unsetenv("MINIDS_MOE_DECODE");
+    minids::kernels::MoeDecodeConfig c;
+    mgl::cuda::moe_decode_config_from_env(c);  // unset: the defaults stay
+    CHECK(c.down_warps == minids::kernels::MoeDecodeConfig{}.down_warps);
+    setenv("MINIDS_MOE_DECODE", "down_warps=8,unroll=4,gate_up_compact=0", 1);
+    mgl::cuda::moe_decode_config_from_env(c);
+    CHECK(c.down_warps == 8);
+    CHECK(c.unroll == 4);
+    CHECK(!c.gate_up_compact_grid);
+    CHECK(c.gate_up_warps == minids::kernels::MoeDecodeConfig{}.gate_up_warps);
+    for (const char* bad : {"down_warp=8", "unroll=4x", "unroll", "unroll="}) {
+        setenv("MINIDS_MOE_DECODE", bad, 1);
+        CHECK_THROWS_AS(mgl::cuda::moe_decode_config_from_env(c), mgl::error);
+    }
+    if (old)
+        setenv("MINIDS_MOE_DECODE", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_MOE_DECODE");
 }
 
 TEST_CASE("mgl cuda fusion planner (host only): no fusion of a graph output or a shared product") {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "matmul.h"
@@ -74,6 +75,44 @@ precise_switches precise_switches_from_env() {
         }
     }
     return on;
+}
+
+void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c) {
+    const char* v = std::getenv("MINIDS_MOE_DECODE");
+    if (!v || !*v) return;
+    for (const std::string& item : names_of(v)) {
+        const size_t eq = item.find('=');
+        const std::string key = item.substr(0, eq);
+        int value = 0;
+        try {
+            size_t used = 0;
+            value = std::stoi(eq == std::string::npos ? "" : item.substr(eq + 1), &used);
+            if (used != item.size() - eq - 1) throw std::invalid_argument(item);
+        } catch (const std::exception&) {
+            throw error("MINIDS_MOE_DECODE: '" + item + "' is not key=integer");
+        }
+        if (key == "gate_up_warps") {
+            c.gate_up_warps = value;
+        } else if (key == "gate_up_rows") {
+            c.gate_up_rows_per_warp = value;
+        } else if (key == "gate_up_compact") {
+            c.gate_up_compact_grid = value != 0;
+        } else if (key == "down_warps") {
+            c.down_warps = value;
+        } else if (key == "down_warps_per_row") {
+            c.down_warps_per_row = value;
+        } else if (key == "down_rows") {
+            c.down_rows_per_warp = value;
+        } else if (key == "down_act_in_shared") {
+            c.down_act_in_shared = value != 0;
+        } else if (key == "unroll") {
+            c.unroll = value;
+        } else {
+            throw error("MINIDS_MOE_DECODE: unknown key '" + key +
+                        "' (gate_up_warps, gate_up_rows, gate_up_compact, down_warps, "
+                        "down_warps_per_row, down_rows, down_act_in_shared, unroll)");
+        }
+    }
 }
 
 namespace {

@@ -32,6 +32,10 @@
 #include "mgl-cuda.h"
 #include "mgl.h"
 
+namespace minids::kernels {
+struct MoeDecodeConfig;
+}
+
 namespace mgl::cuda {
 
 using fusion_switches = cuda_fusions;
@@ -47,6 +51,13 @@ struct precise_switches {
     bool gemm = false, moe = false, mla = false;
 };
 precise_switches precise_switches_from_env();
+
+// MINIDS_MOE_DECODE overrides the MoE decode kernels' tuning for a whole-model A/B without a
+// rebuild: a comma list of key=value among gate_up_warps, gate_up_rows, gate_up_compact (0/1),
+// down_warps, down_warps_per_row, down_rows, down_act_in_shared (0/1), unroll (kernels/moe.h,
+// MoeDecodeConfig; the launcher checks the values). An unknown key or a value that is not a
+// number is an error.
+void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
 
 struct route_group {
     tensor* softmax = nullptr;

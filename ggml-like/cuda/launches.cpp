@@ -69,6 +69,16 @@ const precise_switches& precise() {
     return s;
 }
 
+// The MoE decode kernels' tuning: the defaults of kernels/moe.h, or MINIDS_MOE_DECODE's.
+const kn::MoeDecodeConfig& moe_decode_config() {
+    static const kn::MoeDecodeConfig c = [] {
+        kn::MoeDecodeConfig d;
+        moe_decode_config_from_env(d);
+        return d;
+    }();
+    return c;
+}
+
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
 // a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
 // dependent only when the weight is such data (a weight a node computes could still be in flight).
@@ -456,6 +466,7 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
         p.norm_eps = norm->fparams[0];
     }
     if (precise().moe) p.grouped.tensor_cores = false;
+    p.decode = moe_decode_config();
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
     if (add) what += "+add";
