@@ -336,7 +336,7 @@ private:
         }
     }
 
-    // No node after `from` and before `to` reads an expert table or the fetch state of `fetch`
+    // No node after `from` and before `fetch` reads an expert table or the fetch state of `fetch`
     // (nor is a MoE expert node or another fetch, which read or write any layer's table).
     bool quiet_between(const tensor* from, const tensor* fetch) const {
         const tensor* table = storage_root(fetch->src[0]);
