@@ -5,7 +5,9 @@
 //
 // Two launches: a one-block plan (which expert goes to which victim, the table entries, the fill
 // log; the rules are mgl.h's expert_fetch and ggml-like/cpu/ops_expert_fetch.cpp, the CPU
-// reference) and a wide copy whose blocks each move one chunk of one planned fill. State lives
+// reference) and a wide copy whose blocks each move one chunk of one planned fill. With the
+// route_fetch fusion the routing kernel plans (moe.h: MoeRoutingParams::fetch, the same device
+// code, expert_fetch_plan.cuh) and only the copy is launched here (expert_fetch_copy). State lives
 // in device memory (mgl::expert_fetch_header and the arrays it points at); nothing here reads a
 // device value on the host, so both launches can be captured once and replayed.
 #pragma once
@@ -34,5 +36,11 @@ struct ExpertFetchParams {
 
 // Plans and copies; throws mgl::error on parameters out of range.
 void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream);
+// The plan alone (the routing's fallback when it cannot plan in its own launch).
+void expert_fetch_plan(const ExpertFetchParams& p, cudaStream_t stream);
+// The copy alone, after a plan made by the routing kernel (or expert_fetch_plan). Its dependents
+// (the expert kernels) are let in before it waits for the plan: they are scheduled early and
+// still read nothing the fetch writes before the copy has completed.
+void expert_fetch_copy(const ExpertFetchParams& p, cudaStream_t stream);
 
 }  // namespace minids::kernels

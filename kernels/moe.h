@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <string>
 
+#include "expert_fetch.h"
 #include "mgl.h"
 
 namespace minids::kernels {
@@ -71,6 +72,11 @@ struct MoeRoutingParams {
     int64_t n_experts = 0;          // E
     mgl::moe_route_params route;    // k, method, n_group, topk_group, norm_topk_prob, scaling
     bool pdl = false;  // launched dependent on the previous kernel (dependent_launch.cuh)
+    // moe_route only (the route_fetch fusion): with fetch.state set, the layer's expert fetch is
+    // planned right after the ids (expert_fetch.h; fetch.ids and n_ids must be these ids), in the
+    // routing's own launch when one block routes every token by ranks (up to 4 tokens, 256
+    // experts), else by expert_fetch_plan just after. The caller then launches only the copy.
+    ExpertFetchParams fetch;
 };
 
 // probs -> ids. Identical ids to mgl's CPU moe_topk on the same probs, ties included (-0 ties
@@ -119,6 +125,8 @@ struct MoeRouterRouteParams {
     // Launched dependent on the previous kernel: the first router weights are requested before
     // waiting for it, x and everything else read or written after.
     bool pdl = false;
+    // As MoeRoutingParams::fetch: the block that routes also plans the layer's expert fetch.
+    ExpertFetchParams fetch;
 };
 constexpr int64_t moe_router_route_max_tokens = 8;
 constexpr int64_t moe_router_route_max_experts = 256;

@@ -416,6 +416,16 @@ inline RouteArgs make_args(const MoeRoutingParams& p, const char* who) {
     return a;
 }
 
+// The expert fetch a routing launch plans (route_fetch): it must read exactly the ids this routing
+// writes, for a table of the routing's experts; the rest as expert_fetch checks it.
+inline void check_fetch_of_route(const ExpertFetchParams& f, const RouteArgs& a, const char* who) {
+    if (!f.state || !f.table || f.ids != a.ids || f.n_ids != a.n_tokens * a.k || f.n_ids < 1 ||
+        f.n_experts != a.n_experts || f.blob_bytes < 1 || f.layer < 0)
+        moe_fail(std::string(who) +
+                 ": the expert fetch must read this routing's ids (T·k of them) for a table of "
+                 "its experts");
+}
+
 // route_rank_row<chunks> for E <= 256 while stage B's candidates fit (min(k, 32) x chunks
 // <= rank_max_slots, so at most two per lane); 0: route_greedy_row.
 inline int rank_chunks(const RouteArgs& a) {

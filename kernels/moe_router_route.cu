@@ -17,6 +17,7 @@
 #include <string>
 
 #include "dependent_launch.cuh"
+#include "expert_fetch_plan.cuh"
 #include "moe_route.cuh"
 #include "stream_gemv.cuh"
 
@@ -43,11 +44,13 @@ struct RouterArgs {
     int m, n, k;  // tokens, experts, D
     int chunks;   // 16-byte chunks per weight row
     RouteArgs route;
+    ExpertFetchParams fetch;  // Fetch: the layer's expert fetch, planned by the routing block
 };
 
 // M: token rows the accumulators hold (1, or 8 for 2..8 tokens; the arithmetic is the same).
 // NB: route_rank_row's experts per lane (rank_chunks), 0 for the greedy rounds.
-template <int M, int NB>
+// Fetch (route_fetch): the routing block then plans the layer's expert fetch.
+template <int M, int NB, bool Fetch>
 __global__ void __launch_bounds__(rr_warps * 32, 1) router_route_kernel(RouterArgs a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * rr_warps + warp;  // this warp's expert
@@ -87,31 +90,37 @@ __global__ void __launch_bounds__(rr_warps * 32, 1) router_route_kernel(RouterAr
     // Every block has taken its ticket: nothing reads the counter again in this launch, and the
     // next launch (a later kernel on the stream, or the next replay) sees 0.
     if (threadIdx.x == 0) *a.ticket = 0;
+    if constexpr (Fetch) {
+        // The ids are in this block's memory: plan here rather than in a launch of its own.
+        __shared__ fetch_detail::PlanShared<fetch_detail::fused_plan_max_experts> plan;
+        __syncthreads();  // every warp's ids written and visible to the block
+        fetch_detail::plan_fetch(a.fetch, plan, fetch_detail::global_ns());
+    }
 }
 
 using Kernel = void (*)(RouterArgs);
 
-template <int M>
+template <int M, bool Fetch>
 Kernel kernel_for(int nb) {
     switch (nb) {
         case 1:
-            return router_route_kernel<M, 1>;
+            return router_route_kernel<M, 1, Fetch>;
         case 2:
-            return router_route_kernel<M, 2>;
+            return router_route_kernel<M, 2, Fetch>;
         case 3:
-            return router_route_kernel<M, 3>;
+            return router_route_kernel<M, 3, Fetch>;
         case 4:
-            return router_route_kernel<M, 4>;
+            return router_route_kernel<M, 4, Fetch>;
         case 5:
-            return router_route_kernel<M, 5>;
+            return router_route_kernel<M, 5, Fetch>;
         case 6:
-            return router_route_kernel<M, 6>;
+            return router_route_kernel<M, 6, Fetch>;
         case 7:
-            return router_route_kernel<M, 7>;
+            return router_route_kernel<M, 7, Fetch>;
         case 8:
-            return router_route_kernel<M, 8>;
+            return router_route_kernel<M, 8, Fetch>;
         default:
-            return router_route_kernel<M, 0>;
+            return router_route_kernel<M, 0, Fetch>;
     }
 }
 
@@ -171,7 +180,6 @@ void moe_router_route(const MoeRouterRouteParams& p, cudaStream_t stream) {
         moe_fail("moe_router_route: " + why);
     if (!p.x || !p.w || !p.logits || !p.ticket || !p.ids || !p.weights)
         moe_fail("moe_router_route: x, w, logits, ticket, ids and weights are required");
-    if (p.n_tokens == 0) return;
     RouterArgs a{};
     a.w = static_cast<const uint8_t*>(p.w);
     a.w_row_stride = p.w_row_stride ? p.w_row_stride : 2 * p.n_embd;
@@ -190,8 +198,13 @@ void moe_router_route(const MoeRouterRouteParams& p, cudaStream_t stream) {
     a.k = int(p.n_embd);
     a.chunks = int(p.n_embd * 2 / 16);
     a.route = make_args(routing_of(p), "routing");
+    const bool fetch = p.fetch.state != nullptr;
+    if (fetch) check_fetch_of_route(p.fetch, a.route, "moe_router_route");
+    if (p.n_tokens == 0) return;
+    a.fetch = p.fetch;
     const int nb = rank_chunks(a.route);
-    const Kernel kernel = a.m == 1 ? kernel_for<1>(nb) : kernel_for<8>(nb);
+    const Kernel kernel = fetch ? (a.m == 1 ? kernel_for<1, true>(nb) : kernel_for<8, true>(nb))
+                                : (a.m == 1 ? kernel_for<1, false>(nb) : kernel_for<8, false>(nb));
     const unsigned blocks = unsigned((a.n + rr_warps - 1) / rr_warps);
     launch_maybe_dependent(kernel, dim3(blocks), dim3(rr_warps * 32), 0, stream, p.pdl, a);
 }

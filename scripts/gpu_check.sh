@@ -6,10 +6,13 @@
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
-#                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...]
+#                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...] [--ab-hits]
 #
 # --ab VAR=VALUE (repeatable) runs the demo model (GPU vs CPU) and the FP8 tg128 and pp512 once
 # more with that environment variable set: one binary A/Bs a switch on the whole model.
+# --ab-hits adds to each --ab the expert cache's every-expert-a-hit pair (the resident tg128 and
+# the 12 GiB cache's tg128 on the replayed sticky trace) with that variable set, next to the
+# default row; e.g. --ab MINIDS_CUDA_FUSE=norm,residual,route,mla_prep,route_fetch --ab-hits.
 # --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
@@ -31,12 +34,14 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
 KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
+AB_HITS=0
 AB=()
 while [[ $# -gt 0 ]]; do
     a=$1
     shift
     case "$a" in
         --ab) AB+=("$1"); shift ;;
+        --ab-hits) AB_HITS=1 ;;
         --kernels) KERNELS=1 ;;
         --full-size) FULL=1 ;;
         --fixtures) FIXTURES=1 ;;
@@ -106,6 +111,21 @@ for ab in ${AB[@]+"${AB[@]}"}; do
     if cmp -s "$OUT/demo_gpu_ab.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
     say "demo model greedy 48 tokens, GPU with $ab vs CPU: $same"
 done
+
+# The every-expert-a-hit pair on model $1 (a replayed sticky trace, $WORK/sticky.npz): tg128 fully
+# resident and with the 12 GiB cache, with environment setting $2 (VAR=VALUE, or empty for none);
+# $3 tells the logs apart.
+every_hit() {
+    local f=$1 ab=$2 tag=${3:-} envs=()
+    [[ -n $ab ]] && envs=("$ab")
+    env ${envs[@]+"${envs[@]}"} timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md \
+        --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_resident$tag.md" 2> "$OUT/bench_hits_resident$tag.log"
+    env ${envs[@]+"${envs[@]}"} timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md \
+        --vram-budget 12GiB --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_12g$tag.md" 2> "$OUT/bench_hits_12g$tag.log"
+    local res=$(grep -E '\| tg128 ' "$OUT/bench_hits_resident$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+    local off=$(grep -E '\| tg128 ' "$OUT/bench_hits_12g$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+    say "every expert a hit (replayed sticky trace${ab:+, $ab}): resident tg128 ${res:-?}, 12 GiB cache tg128 ${off:-?} tok/s ($(awk "BEGIN { if (\"$res\" > 0) printf \"%.1f%% of resident\", 100 * \"$off\" / \"$res\" }"))"
+}
 
 # 3. Synthetic V2-Lite: FP8 experts, then BF16 experts (each converted, benchmarked, deleted).
 bench_model() {  # $1 = expert dtype
@@ -181,15 +201,17 @@ bench_model() {  # $1 = expert dtype
         fi
         # Every expert a hit (issue 10: within 5 % of the resident speed): a replayed trace whose
         # experts never change (stickiness 1: each token reuses the previous token's six), so
-        # 156 experts, all in slots after the first token; the same replay fully resident.
+        # 156 experts, all in slots after the first token; the same replay fully resident. With
+        # --ab-hits the pair again under each --ab setting.
         "$BIN/minids" routing gen --preset v2-lite --stickiness 1 -n 4096 "$WORK/sticky.npz" > /dev/null 2>&1
-        timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md --replay-routing "$WORK/sticky.npz" \
-            > "$OUT/bench_hits_resident.md" 2> "$OUT/bench_hits_resident.log"
-        timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md --vram-budget 12GiB \
-            --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_12g.md" 2> "$OUT/bench_hits_12g.log"
-        local res=$(grep -E '\| tg128 ' "$OUT/bench_hits_resident.md" | awk -F'|' '{print $9}' | awk '{print $1}')
-        local off=$(grep -E '\| tg128 ' "$OUT/bench_hits_12g.md" | awk -F'|' '{print $9}' | awk '{print $1}')
-        say "every expert a hit (replayed sticky trace): resident tg128 ${res:-?}, 12 GiB cache tg128 ${off:-?} tok/s ($(awk "BEGIN { if (\"$res\" > 0) printf \"%.1f%% of resident\", 100 * \"$off\" / \"$res\" }"))"
+        every_hit "$f" ""
+        if [[ $AB_HITS == 1 ]]; then
+            local i=0
+            for ab in ${AB[@]+"${AB[@]}"}; do
+                i=$((i + 1))
+                every_hit "$f" "$ab" "_ab$i"
+            done
+        fi
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done

@@ -47,6 +47,8 @@ std::vector<step> fused_steps(const mgl::graph& g, const mgl::cuda::fusion_plan&
                 s.reads = {r.softmax->src[0]};
                 s.writes = {r.softmax, r.topk, r.weights};
             }
+            // route_fetch: the plan reads and writes the fetch's table and state here.
+            if (r.fetch) add_srcs(s.reads, *r.fetch);
         } else if (auto pt = f.prep_at.find(n); pt != f.prep_at.end()) {
             const auto& p = pt->second;
             for (const mgl::tensor* m : {p.kv_norm, p.k_rope, p.store, p.q_rope})
@@ -268,6 +270,11 @@ TEST_CASE("mgl cuda fusion switches from MINIDS_CUDA_FUSE (host only)") {
     setenv("MINIDS_CUDA_FUSE", "all", 1);
     CHECK(
         !mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}).router_route);  // off by default
+    setenv("MINIDS_CUDA_FUSE", "norm,residual,route,mla_prep,route_fetch", 1);
+    const mgl::cuda_fusions rf = mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{});
+    CHECK((rf.route && rf.route_fetch && !rf.router_route));
+    setenv("MINIDS_CUDA_FUSE", "all", 1);
+    CHECK(!mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}).route_fetch);  // off by default
     setenv("MINIDS_CUDA_FUSE", "router", 1);
     CHECK_THROWS_AS(mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}), mgl::error);
     if (old)
@@ -397,7 +404,143 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
             CHECK(simulate(g, fused_steps(g, fr), mgl::plan_allocation(g, 256, fr.also_reads)) ==
                   0);
         }
+        CHECK(f.n_route_fetch == 0);  // no expert fetch in this graph
     }
+}
+
+namespace {
+
+// The model's forward with the expert cache's device fetch (and optionally imposed routing):
+// structure only, as above.
+struct FetchGraph {
+    mgl::context ctx;
+    mgl::graph g;
+    std::vector<const mgl::tensor*> fetches;
+    FetchGraph(const TestModel& m, int64_t T, bool imposed) {
+        const minids::ModelConfig& c = m.model->config();
+        minids::ForwardBatch batch;
+        batch.tokens = ctx.new_tensor(dtype::i32, {T}, "tokens");
+        batch.positions = ctx.new_tensor(dtype::i32, {T}, "positions");
+        for (int64_t il = 0; il < c.num_hidden_layers; ++il)
+            batch.kv_pages.push_back(
+                ctx.new_tensor(dtype::bf16, {8, 16, c.kv_cache_width()}, "pages"));
+        batch.page_table = ctx.new_tensor(dtype::i32, {8}, "page_table");
+        batch.expert_fetch = ctx.new_tensor(dtype::i64, {1024}, "expert_fetch_state");
+        if (imposed) {
+            const int64_t k = c.num_experts_per_tok;
+            for (size_t l = 0; l < m.model->moe_layers().size(); ++l) {
+                batch.routing_ids.push_back(ctx.new_tensor(dtype::i32, {T, k}, "imposed_ids"));
+                batch.routing_weights.push_back(
+                    ctx.new_tensor(dtype::f32, {T, k}, "imposed_weights"));
+            }
+        }
+        const minids::ForwardResult out = m.model->build_forward(ctx, batch);
+        std::vector<mgl::tensor*> outputs{out.logits};
+        outputs.insert(outputs.end(), out.router_ids.begin(), out.router_ids.end());
+        outputs.insert(outputs.end(), out.router_weights.begin(), out.router_weights.end());
+        g = mgl::build_graph(ctx, std::span<mgl::tensor* const>(outputs));
+        for (const mgl::tensor* n : g.nodes)
+            if (n->op_kind == mgl::op::expert_fetch) fetches.push_back(n);
+    }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "mgl cuda fusion planner (host only): route_fetch plans every MoE layer's fetch in its "
+    "route step") {
+    TestModel m = open_test_model(converted_fixture(dtype::bf16), 1);
+    const int64_t n_moe = int64_t(m.model->moe_layers().size());
+    for (int64_t T : {1, 7, 30}) {
+        CAPTURE(T);
+        FetchGraph fg(m, T, false);
+        const mgl::graph& g = fg.g;
+        REQUIRE(int64_t(fg.fetches.size()) == n_moe);
+        // Off by default: every fetch plans in its own step.
+        const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, mgl::cuda_fusions{});
+        CHECK(f.n_route_fetch == 0);
+        CHECK(f.fetch_planned.empty());
+        for (const bool router_route : {false, true}) {
+            CAPTURE(router_route);
+            mgl::cuda_fusions on;
+            on.route_fetch = true;
+            on.router_route = router_route;
+            const mgl::cuda::fusion_plan fr = mgl::cuda::plan_fusions(g, on);
+            // At any T (the launcher plans in the routing's own launch where one block routes
+            // every token, else right after it), with or without the router in the step.
+            CHECK(fr.n_route == n_moe);
+            CHECK(fr.n_route_fetch == n_moe);
+            CHECK(fr.n_router_route == (router_route && T <= 8 ? n_moe : 0));
+            for (const mgl::tensor* fetch : fg.fetches) CHECK(fr.fetch_planned.count(fetch) == 1);
+            for (const auto& [w, r] : fr.route_at) {
+                REQUIRE(r.fetch);
+                CHECK(r.fetch->src[1] == r.topk);
+                // The fetch still has a step of its own (the copy), right after the route's.
+                CHECK(fr.skipped.count(r.fetch) == 0);
+            }
+            // Nothing else changes: the same groups and skipped nodes as without it.
+            mgl::cuda_fusions off = on;
+            off.route_fetch = false;
+            const mgl::cuda::fusion_plan fo = mgl::cuda::plan_fusions(g, off);
+            CHECK(fr.skipped == fo.skipped);
+            CHECK(fused_steps(g, fr).size() == fused_steps(g, fo).size());
+            CHECK(simulate(g, fused_steps(g, fr), mgl::plan_allocation(g, 256, fr.also_reads)) ==
+                  0);
+        }
+        // Imposed routing: the fetches read the imposed ids, not the routes', so nothing fuses.
+        FetchGraph imposed(m, T, true);
+        mgl::cuda_fusions on;
+        on.route_fetch = true;
+        const mgl::cuda::fusion_plan fi = mgl::cuda::plan_fusions(imposed.g, on);
+        CHECK(int64_t(imposed.fetches.size()) == n_moe);
+        CHECK(fi.n_route_fetch == 0);
+        // Without the route fusion there is no group to plan in.
+        on.route = false;
+        CHECK(mgl::cuda::plan_fusions(g, on).n_route_fetch == 0);
+    }
+}
+
+TEST_CASE(
+    "mgl cuda fusion planner (host only): route_fetch refuses a fetch with a table reader "
+    "between the two steps") {
+    // Two layers' routes and fetches sharing one state, ordered route A, route B, fetch B,
+    // fetch A: fetch B follows its route directly and fuses; between route A and fetch A runs
+    // fetch B, which rewrites tables and the state, so planning A's fetch in its route's step
+    // would change what B's plan sees. A's fetch keeps its own plan.
+    auto cpu_be = mgl::make_cpu_backend(1);
+    side s(*cpu_be);
+    const int64_t E = 64, T = 1;
+    mgl::moe_route_params route;
+    route.k = 6;
+    auto layout = std::make_shared<mgl::expert_layout>();
+    layout->blob_bytes = 4096;
+    mgl::tensor* state = s.ctx.new_tensor(dtype::i64, {1024}, "state");
+    struct Layer {
+        mgl::tensor *ids, *w, *fetch;
+    };
+    auto layer = [&](int index, uint64_t seed) {
+        mgl::tensor* logits = s.random(dtype::f32, {T, E}, seed);
+        mgl::tensor* probs = mgl::softmax(s.ctx, logits);
+        Layer l;
+        l.ids = mgl::moe_topk(s.ctx, probs, route);
+        l.w = mgl::moe_weights(s.ctx, probs, l.ids, route);
+        mgl::tensor* table = s.ctx.new_tensor(dtype::i64, {E}, "table");
+        l.fetch = mgl::expert_fetch(s.ctx, table, l.ids, state, index, layout);
+        return l;
+    };
+    const Layer a = layer(0, 1), b = layer(1, 2);
+    mgl::graph g = mgl::build_graph(s.ctx, {a.w, b.w, b.fetch, a.fetch});
+    REQUIRE(g.nodes.back() == a.fetch);
+    mgl::cuda_fusions on;
+    on.route_fetch = true;
+    const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, on);
+    CHECK(f.n_route == 2);
+    CHECK(f.n_route_fetch == 1);
+    CHECK(f.fetch_planned.count(b.fetch) == 1);
+    CHECK(f.fetch_planned.count(a.fetch) == 0);
+    CHECK(f.route_at.at(a.w).fetch == nullptr);
+    CHECK(f.route_at.at(b.w).fetch == b.fetch);
+    CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
 }
 
 #endif  // MINIDS_HAVE_CUDA

@@ -28,10 +28,13 @@ namespace {
 
 const bool no_gpu = !cuda_device_available();
 
-TestModel open_cuda(const std::string& path, bool experts_resident) {
+TestModel open_cuda(const std::string& path, bool experts_resident,
+                    const mgl::cuda_fusions& fuse = {}) {
     TestModel m;
     m.file = mds::MdsFile::open(path);
-    m.backend = mgl::make_cuda_backend();
+    mgl::cuda_options options;
+    options.fuse = fuse;
+    m.backend = mgl::make_cuda_backend(options);
     WeightOptions o;
     o.experts_resident = experts_resident;
     m.model = std::make_unique<Deepseek2Model>(*m.file, *m.backend, o);
@@ -113,10 +116,14 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
     // Misses copied into slots inside the replayed graph (mgl::expert_fetch: a plan kernel and
     // a copy kernel reading the registered host store); after every step the device's tables,
     // read back, must match the host's replay of the fill log, and every slot they point at must
-    // hold exactly its expert's bytes.
+    // hold exactly its expert's bytes. Twice: as is, and with the route_fetch fusion (the routing
+    // launch plans the fetch), which must give the same logits bit for bit and the same fills.
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
+    mgl::cuda_fusions with_route_fetch;
+    with_route_fetch.route_fetch = true;
     TestModel offloaded = open_cuda(path, false);
+    TestModel offloaded_fused = open_cuda(path, false, with_route_fetch);
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
     auto read = [](void* dst, const void* src, size_t n) {
@@ -140,39 +147,56 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
             routing::CacheConfig cfg;
             cfg.policy = policy;
             cfg.n_slots = slots;
-            ExpertOffload offload(*offloaded.model, *offloaded.backend, cfg, nullptr, true);
-            Session s(*offloaded.model, *offloaded.backend, sp);
-            offload.attach(s);
-            routing::RoutingTrace trace = empty_trace(*offloaded.model);
-            record_routing(s, trace);
-            s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                offload.after_step(r);
-                offloaded.backend->synchronize();
-                check_tables(offload, *offloaded.model, read);
-            });
-            double worst = worst_diff(s.eval(prompt, true), ref_prompt);
-            for (int64_t i = 0; i < n_decode; ++i) {
-                const int32_t one[1] = {tokens[size_t(i)]};
-                worst = std::max(worst, worst_diff(s.eval(one), ref_steps[size_t(i)]));
+            std::vector<std::vector<float>> logits_of[2];
+            OffloadStats stats_of[2];
+            for (const bool fused : {false, true}) {
+                CAPTURE(fused);
+                TestModel& m = fused ? offloaded_fused : offloaded;
+                ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
+                Session s(*m.model, *m.backend, sp);
+                offload.attach(s);
+                routing::RoutingTrace trace = empty_trace(*m.model);
+                record_routing(s, trace);
+                s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                    offload.after_step(r);
+                    m.backend->synchronize();
+                    check_tables(offload, *m.model, read);
+                });
+                std::vector<std::vector<float>>& logits = logits_of[fused ? 1 : 0];
+                logits.push_back(s.eval(prompt, true));
+                double worst = worst_diff(logits.back(), ref_prompt);
+                for (int64_t i = 0; i < n_decode; ++i) {
+                    const int32_t one[1] = {tokens[size_t(i)]};
+                    logits.push_back(s.eval(one));
+                    worst = std::max(worst, worst_diff(logits.back(), ref_steps[size_t(i)]));
+                }
+                const OffloadStats& st = offload.stats();
+                stats_of[fused ? 1 : 0] = st;
+                // The plan kernel made the decisions the simulator's model of the rules makes.
+                const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
+                CHECK(st.hits == sim.hits);
+                CHECK(st.fills == sim.fills);
+                MESSAGE("CUDA expert offload, device fetch"
+                        << (fused ? " (route_fetch)" : "") << ", prompt chunks of " << ubatch
+                        << ", " << std::string(routing::policy_name(policy)) << " " << slots
+                        << " of 160 slots: worst "
+                        << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
+                        << st.accesses << ", " << st.fills << " fills, " << st.reads_in_place
+                        << " reads in place, " << double(st.fetch_ns) / 1e6
+                        << " ms waiting on the fetch");
+                CHECK(worst <= 1e-6);
+                CHECK(st.fills > slots);
+                CHECK(st.hits > 0);
+                // The device timed its fetches: some time passed, and less than the whole run.
+                CHECK(st.fetch_ns > 0);
+                CHECK(st.fetch_ns < uint64_t(60e9));
             }
-            const OffloadStats& st = offload.stats();
-            // The plan kernel made the decisions the simulator's model of the rules makes.
-            const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
-            CHECK(st.hits == sim.hits);
-            CHECK(st.fills == sim.fills);
-            MESSAGE("CUDA expert offload, device fetch, prompt chunks of "
-                    << ubatch << ", " << std::string(routing::policy_name(policy)) << " " << slots
-                    << " of 160 slots: worst "
-                    << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
-                    << st.accesses << ", " << st.fills << " fills, " << st.reads_in_place
-                    << " reads in place, " << double(st.fetch_ns) / 1e6
-                    << " ms waiting on the fetch");
-            CHECK(worst <= 1e-6);
-            CHECK(st.fills > slots);
-            CHECK(st.hits > 0);
-            // The device timed its fetches: some time passed, and less than the whole run.
-            CHECK(st.fetch_ns > 0);
-            CHECK(st.fetch_ns < uint64_t(60e9));
+            // route_fetch changes where the plan runs, not what it decides.
+            CHECK(logits_of[1] == logits_of[0]);
+            CHECK(stats_of[1].hits == stats_of[0].hits);
+            CHECK(stats_of[1].fills == stats_of[0].fills);
+            CHECK(stats_of[1].reads_in_place == stats_of[0].reads_in_place);
+            CHECK(stats_of[1].accesses == stats_of[0].accesses);
         }
 }
 

@@ -93,7 +93,7 @@ struct graph_plan {
     launch_list launches;
     size_t nodes = 0;
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
-    int fused_norm_out = 0, fused_router_route = 0;
+    int fused_norm_out = 0, fused_router_route = 0, fused_route_fetch = 0;
     bool warmed_up = false;  // one eager run before capturing (lazy module loads, cuBLAS setup)
     graph_exec recording;
     uint64_t recorded_workspace_generation = 0;
@@ -212,12 +212,12 @@ public:
         if (verbose_) {
             std::fprintf(stderr,
                          "cuda: graph %llu: %zu nodes -> %zu launches (fused: %d norm, %d "
-                         "residual, %d route (%d with the router), %d mla_prep); arena %.1f "
-                         "MiB, workspace %.1f + %.1f MiB\n",
+                         "residual, %d route (%d with the router, %d planning the fetch), %d "
+                         "mla_prep); arena %.1f MiB, workspace %.1f + %.1f MiB\n",
                          (unsigned long long)g.version, p.nodes, p.launches.steps.size(),
                          p.fused_norm, p.fused_residual, p.fused_route, p.fused_router_route,
-                         p.fused_mla_prep, mib(a.buf->size()), mib(matmul_ws_.mem.size()),
-                         mib(scratch_.mem.size()));
+                         p.fused_route_fetch, p.fused_mla_prep, mib(a.buf->size()),
+                         mib(matmul_ws_.mem.size()), mib(scratch_.mem.size()));
         }
     }
 
@@ -270,6 +270,7 @@ public:
         out.fused_mla_prep = p.fused_mla_prep;
         out.fused_norm_out = p.fused_norm_out;
         out.fused_router_route = p.fused_router_route;
+        out.fused_route_fetch = p.fused_route_fetch;
         out.captured = bool(p.recording);
         out.graph_launches = p.graph_launches;
         out.eager_runs = p.eager_runs;
@@ -348,6 +349,7 @@ private:
         p->fused_route = fusions.n_route;
         p->fused_mla_prep = fusions.n_mla_prep;
         p->fused_router_route = fusions.n_router_route;
+        p->fused_route_fetch = fusions.n_route_fetch;
         p->title =
             std::to_string(g.nodes.size()) + "-node graph" + (g.reusable ? " (reusable)" : "");
         reserve(matmul_ws_, p->launches.matmul_workspace_bytes, true);

@@ -29,7 +29,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false, false, false};
     if (s != "0" && s != "none") {
         for (const std::string& name : names_of(s)) {
             if (name == "norm") {
@@ -46,10 +46,12 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.norm_out = true;
             } else if (name == "router_route") {
                 keep.router_route = true;
+            } else if (name == "route_fetch") {
+                keep.route_fetch = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
-                            "residual, route, mla_prep, router_route)");
+                            "residual, route, mla_prep, router_route, route_fetch)");
             }
         }
     }
@@ -151,6 +153,7 @@ public:
         // After the norms: a router matmul keeps the norm folded into it (norm_of), and the
         // fused step does that normalization too.
         if (on_.router_route) find_router_routes();
+        if (on_.route_fetch) find_route_fetches();
         if (on_.residual) find_residuals();
         add_also_reads();
         return std::move(p_);
@@ -348,6 +351,49 @@ private:
         }
     }
 
+    // A route group whose ids one expert_fetch reads (the model's decode and prompt graphs with
+    // the device fetch, unless the routing is imposed): the plan moves from the fetch's step into
+    // the group's. It then writes this layer's table, other layers' table entries (evictions) and
+    // the fetch state earlier than before, so no node between the two steps may read a table or
+    // that state (in the model the fetch is the node right after the group's step).
+    void find_route_fetches() {
+        for (auto& [at, r] : p_.route_at) {
+            tensor* fetch = nullptr;
+            int n_fetches = 0;
+            for (tensor* c : consumers(r.topk)) {
+                if (c->op_kind != op::expert_fetch) continue;
+                ++n_fetches;
+                fetch = c;
+            }
+            if (n_fetches != 1 || fetch->src[1] != r.topk || p_.fetch_planned.count(fetch))
+                continue;
+            if (fetch->src[0]->shape[0] != r.softmax->shape[1]) continue;  // a table of E experts
+            if (step(fetch) <= step(r.weights) || !quiet_between(r.weights, fetch)) continue;
+            r.fetch = fetch;
+            p_.fetch_planned.insert(fetch);
+            ++p_.n_route_fetch;
+        }
+    }
+
+    // No node after `from` and before `fetch` reads an expert table or the fetch state of `fetch`
+    // (nor is a MoE expert node or another fetch, which read or write any layer's table).
+    bool quiet_between(const tensor* from, const tensor* fetch) const {
+        const tensor* table = storage_root(fetch->src[0]);
+        const tensor* state = storage_root(fetch->src[2]);
+        for (size_t i = step(from) + 1; i < step(fetch); ++i) {
+            const tensor* n = g_.nodes[i];
+            if (n->op_kind == op::expert_fetch || n->op_kind == op::moe_experts) return false;
+            for (const tensor* s : n->src)
+                if (s && (storage_root(s) == table || storage_root(s) == state)) return false;
+        }
+        return true;
+    }
+
+    static const tensor* storage_root(const tensor* t) {
+        while (const tensor* s = alias_source(*t)) t = s;
+        return t;
+    }
+
     void find_residuals() {
         for (tensor* add : g_.nodes) {
             if (add->op_kind != op::add || taken(add)) continue;
@@ -400,6 +446,9 @@ private:
                 also_read(r.weights, m);  // written at the group's step
                 for (tensor* s : m->src) also_read(r.weights, s);
             }
+            // route_fetch: the plan reads and writes the table and the state at the group's step.
+            if (r.fetch)
+                for (tensor* s : r.fetch->src) also_read(r.weights, s);
         }
         for (auto& [at, grp] : p_.prep_at) {
             for (tensor* m : {grp.kv_norm, grp.k_rope, grp.store, grp.q_rope}) {

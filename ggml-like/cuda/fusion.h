@@ -14,6 +14,9 @@
 //   router_route  (off by default) route whose softmax reads a router matmul of at most 8 rows
 //             (BF16 [E, D] weights, E <= 256) read by nothing else: one moe_router_route launch
 //             computes the logits (and the matmul's folded norm, norm_out included) and routes.
+//   route_fetch  (off by default) route whose ids one expert_fetch reads, with nothing between
+//             the two steps that reads an expert table or the fetch state: the routing launch
+//             plans the fetch (kernels/expert_fetch_plan.cuh) and the fetch's step only copies.
 //   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
 //             layer, for MLA's decode prologue.
 //
@@ -41,7 +44,7 @@ namespace mgl::cuda {
 using fusion_switches = cuda_fusions;
 // `defaults` replaced by MINIDS_CUDA_FUSE when it is set: "0" / "none" (no fusion), "all"
 // (the defaults), or a comma list of exactly the fusions to use (which may name those that are
-// off by default, norm_moe, norm_out and router_route, to measure them).
+// off by default, norm_moe, norm_out, router_route and route_fetch, to measure them).
 fusion_switches fusion_switches_from_env(fusion_switches defaults);
 
 // MINIDS_CUDA_PRECISE names the products to run in FP32 instead of on BF16 tensor cores (slow; to
@@ -66,6 +69,9 @@ struct route_group {
     // router_route: the matmul producing the softmax's logits, run inside this step (its norm, if
     // one is folded, in norm_of / writes_norm); it still writes its output, the logits.
     tensor* router = nullptr;
+    // route_fetch: the expert_fetch reading topk, whose plan runs inside this step (its table and
+    // state written here); the fetch's own step then launches only the copy.
+    tensor* fetch = nullptr;
 };
 
 struct mla_prep_group {
@@ -86,10 +92,12 @@ struct fusion_plan {
     std::unordered_map<const tensor*, tensor*> producer_of;     // the add -> matmul / moe_experts
     std::unordered_map<const tensor*, route_group> route_at;    // keyed by the weights node
     std::unordered_map<const tensor*, mla_prep_group> prep_at;  // keyed by run_at
-    std::unordered_set<const tensor*> skipped;  // nodes whose work runs in another step
+    std::unordered_set<const tensor*> skipped;        // nodes whose work runs in another step
+    std::unordered_set<const tensor*> fetch_planned;  // expert_fetch nodes a route step plans
     std::vector<std::pair<tensor*, tensor*>> also_reads;
     int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
     int n_router_route = 0;  // of n_route
+    int n_route_fetch = 0;   // of n_route
 };
 
 fusion_plan plan_fusions(const graph& g, const fusion_switches& on);

@@ -263,7 +263,7 @@ launch_step mla_attn_step(const tensor& n, size_t& scratch) {
             }};
 }
 
-launch_step expert_fetch_step(const tensor& n) {
+kn::ExpertFetchParams expert_fetch_params(const tensor& n) {
     kn::ExpertFetchParams p;
     p.state = static_cast<expert_fetch_header*>(n.src[2]->data);
     p.table = static_cast<int64_t*>(n.src[0]->data);
@@ -272,6 +272,16 @@ launch_step expert_fetch_step(const tensor& n) {
     p.layer = n.iparams[0];
     p.n_experts = int32_t(n.src[0]->shape[0]);
     p.blob_bytes = int64_t(n.experts->blob_bytes);
+    return p;
+}
+
+// The fetch's plan and copy; with route_fetch (`planned`: its route step made the plan) the copy
+// alone.
+launch_step expert_fetch_step(const tensor& n, bool planned) {
+    const kn::ExpertFetchParams p = expert_fetch_params(n);
+    if (planned)
+        return {"expert_fetch(copy)", &n,
+                [p](const exec_env& env) { kn::expert_fetch_copy(with_pdl(p, env), env.stream); }};
     return {"expert_fetch", &n,
             [p](const exec_env& env) { kn::expert_fetch(with_pdl(p, env), env.stream); }};
 }
@@ -355,7 +365,8 @@ void set_weighting(kn::MoeRoutingParams& p, const tensor& weights) {
     p.route.routed_scaling_factor = weights.fparams[0];
 }
 
-// The route group's softmax -> top-k -> weights over `logits` as one moe_route.
+// The route group's softmax -> top-k -> weights over `logits` as one moe_route (route_fetch: and
+// the plan of the expert fetch reading its ids).
 kn::MoeRoutingParams route_group_params(const route_group& g, const tensor& logits) {
     kn::MoeRoutingParams p = routing_params(logits, logits.shape[0]);
     p.logits = f32_data(&logits);
@@ -364,12 +375,13 @@ kn::MoeRoutingParams route_group_params(const route_group& g, const tensor& logi
     p.weights = f32_data(g.weights);
     set_topk(p, *g.topk);
     set_weighting(p, *g.weights);
+    if (g.fetch) p.fetch = expert_fetch_params(*g.fetch);
     return p;
 }
 
 launch_step route_step(const route_group& g) {
     const kn::MoeRoutingParams p = route_group_params(g, *g.softmax->src[0]);
-    return {"moe_route", g.weights,
+    return {g.fetch ? "moe_route+fetch_plan" : "moe_route", g.weights,
             [p](const exec_env& env) { kn::moe_route(with_pdl(p, env), env.stream); }};
 }
 
@@ -407,8 +419,10 @@ launch_step router_route_step(const route_group& g, const tensor* norm, const te
     p.n_tokens = mm.shape[0];
     p.n_experts = mm.shape[1];
     p.route = r.route;
+    p.fetch = r.fetch;
     std::string what = "moe_router_route";
     if (norm) what += norm_out ? "+norm(out)" : "+norm";
+    if (g.fetch) what += "+fetch_plan";
     if (kn::moe_router_route_unsupported(p).empty()) {
         return {what, g.weights, [p, ticket](const exec_env& env) {
                     kn::MoeRouterRouteParams q = with_pdl(p, env);
@@ -785,7 +799,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(kv_store_step(*n));
                 break;
             case op::expert_fetch:
-                out.steps.push_back(expert_fetch_step(*n));
+                out.steps.push_back(expert_fetch_step(*n, f.fetch_planned.count(n) != 0));
                 break;
             case op::mla_attn:
                 out.steps.push_back(mla_attn_step(*n, scratch));

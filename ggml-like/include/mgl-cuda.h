@@ -63,6 +63,12 @@ struct cuda_fusions {
     // its last block routes, with the norm folded into the matmul (norm or norm_out) done there
     // too. Off until measured on the GPU (not yet run there).
     bool router_route = false;
+    // With route: the expert cache's device fetch of a MoE layer (expert_fetch reading the route's
+    // ids) is planned by the routing launch itself, right after its top-k (moe_route, or
+    // moe_router_route with router_route), so the fetch's own launch only copies: one dependent
+    // link fewer per MoE layer. Exactly the same plan (one device function). Off until measured
+    // on the GPU (not yet run there).
+    bool route_fetch = false;
 };
 
 struct cuda_options {
@@ -101,6 +107,7 @@ struct cuda_graph_info {
     int fused_norm = 0, fused_residual = 0, fused_route = 0, fused_mla_prep = 0;
     int fused_norm_out = 0;       // of fused_norm: norms a matmul also writes (norm_out)
     int fused_router_route = 0;   // of fused_route: routes that run their router matmul too
+    int fused_route_fetch = 0;    // of fused_route: routes that plan their layer's expert fetch
     bool captured = false;        // a CUDA graph is recorded for it
     uint64_t graph_launches = 0;  // computes served by launching the recorded CUDA graph
     uint64_t eager_runs = 0;      // computes run launch by launch

@@ -1,0 +1,189 @@
+// The device fetch's plan as one block-wide device function, so the standalone plan kernel
+// (expert_fetch.cu) and the routing kernels that plan right after their top-k (the route_fetch
+// fusion: moe_route.cu, moe_router_route.cu) run one code, not copies. The rules follow
+// ggml-like/cpu/ops_expert_fetch.cpp exactly (same order, same skips, the same ranks compared), so
+// the host's replay of the fill log, the CPU tests and the simulator
+// (routing::simulate_device_fetch) describe what the GPU did.
+#pragma once
+
+#include <cstdint>
+
+#include "expert_fetch.h"
+
+namespace minids::kernels::fetch_detail {
+
+// This step's arrivals a miss may re-evict (the host recycles only when a step cannot fill more:
+// kMostRecycledArrivals in src/runtime/expert_offload_device.cpp).
+constexpr int max_arrivals = 512;
+// The routing kernels plan for up to 256 experts (their rank selection's and the fused router's
+// limit), which keeps the plan's shared memory (~21 KiB) beside theirs under the 48 KiB of static
+// shared memory; the standalone kernel takes every layer the launcher accepts.
+constexpr int plan_max_experts = 1024;
+constexpr int fused_plan_max_experts = 256;
+
+template <int MaxE>
+struct PlanShared {
+    uint32_t used[MaxE / 32];
+    uint8_t at_home[MaxE];  // per expert: used and its entry points home
+    int32_t misses[MaxE];   // experts to fetch, increasing
+    int32_t cand_slot[2 * MaxE];
+    int32_t cand_key[2 * MaxE];  // each candidate slot's expert, or -1
+    int32_t fill_slot[MaxE];     // per miss: its slot, or -1
+    int32_t fill_evicted[MaxE];  // per miss: the key it evicted, or -1
+    int32_t fill_took[MaxE];     // per miss: the arrival it re-evicted, or -1
+    // This step's arrivals from earlier layers (slot, its key and that key's arrival rank).
+    int32_t arr_slot[max_arrivals];
+    int32_t arr_key[max_arrivals];
+    double arr_priority[max_arrivals];
+    unsigned long long arr_stamp[max_arrivals];
+    int32_t n_misses, n_cands, n_fills, n_arr;
+    int64_t next_victim, first_fill, first_arrival;
+    bool recycle;
+};
+
+__device__ __forceinline__ bool ranks_lower(double pa, unsigned long long sa, double pb,
+                                            unsigned long long sb) {
+    return pa < pb || (pa == pb && sa < sb);
+}
+
+template <int MaxE>
+__device__ __forceinline__ bool is_used(const PlanShared<MaxE>& s, int32_t e) {
+    return (s.used[e >> 5] >> (e & 31)) & 1u;
+}
+
+// The device's global timer, ns (the stall counter: expert_fetch_header::fetch_ns).
+__device__ __forceinline__ int64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return int64_t(t);
+}
+
+// Plans one MoE layer's fetch: every thread of the block calls it (it synchronizes the block),
+// once the layer's ids are in memory this block can read and every earlier layer's fetch has
+// completed. `started` (thread 0's is kept) opens the layer's fetch interval: the moment its
+// routing was known to be done. With n_experts <= MaxE (the launchers check).
+template <int MaxE>
+__device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int64_t started) {
+    mgl::expert_fetch_header* h = p.state;
+    const int tid = int(threadIdx.x), n_threads = int(blockDim.x);
+    const int E = p.n_experts;
+    const int64_t layer = p.layer;
+    const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = 0;
+    __syncthreads();
+    for (int64_t i = tid; i < p.n_ids; i += n_threads) {
+        const int32_t e = p.ids[i];
+        if (e >= 0 && e < E) atomicOr(&s.used[e >> 5], 1u << (e & 31));
+    }
+    __syncthreads();
+    // Which used experts are home (to fetch): their table entry against their home address.
+    for (int e = tid; e < E; e += n_threads)
+        s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] ? 1 : 0;
+    __syncthreads();
+    if (tid == 0) {
+        int m = 0, n_used = 0;
+        for (int e = 0; e < E; ++e) {
+            n_used += is_used(s, e);
+            if (s.at_home[e]) s.misses[m++] = e;
+        }
+        s.n_misses = m;
+        s.next_victim = h->next_victim;
+        s.first_fill = h->n_fills;
+        s.first_arrival = h->n_arrivals;
+        s.recycle = h->recycle != 0 && m > 0;
+        const int64_t n_arr = h->n_arrivals;
+        s.n_arr = int32_t(n_arr < max_arrivals ? n_arr : max_arrivals);
+        // Each skipped victim holds a distinct used expert, so m + n_used candidates suffice.
+        // With every used expert in a slot (the usual decode step) no candidate is read.
+        const int64_t left = h->n_victims - s.next_victim, enough = m == 0 ? 0 : m + n_used;
+        s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
+    }
+    __syncthreads();
+    const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
+    auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
+    for (int i = tid; i < s.n_cands; i += n_threads) {
+        const int32_t v = victims[s.next_victim + i];
+        s.cand_slot[i] = v;
+        s.cand_key[i] = slot_keys[v];
+    }
+    const auto* arrivals = reinterpret_cast<const int32_t*>(h->arrivals);
+    const auto* key_ranks = reinterpret_cast<const mgl::expert_fetch_rank*>(h->key_ranks);
+    for (int i = tid; s.recycle && i < s.n_arr; i += n_threads) {
+        const int32_t slot = arrivals[i];
+        s.arr_slot[i] = slot;
+        s.arr_key[i] = slot < 0 ? -1 : slot_keys[slot];
+        if (slot >= 0) {
+            s.arr_priority[i] = key_ranks[s.arr_key[i]].priority;
+            s.arr_stamp[i] = key_ranks[s.arr_key[i]].stamp;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        // Each miss takes the next candidate this layer does not read (those it reads are passed
+        // over for good), or this step's lowest-ranked arrival from another layer when that ranks
+        // lower; with neither, this and every later miss are read in place.
+        const auto* victim_ranks = reinterpret_cast<const mgl::expert_fetch_rank*>(h->victim_ranks);
+        int c = 0, f = 0;
+        for (; f < s.n_misses; ++f) {
+            while (c < s.n_cands) {
+                const int32_t k = s.cand_key[c];
+                if (!(k >= 0 && k / E == layer && is_used(s, k % E))) break;
+                ++c;
+            }
+            int best = -1;
+            for (int i = 0; s.recycle && i < s.n_arr; ++i) {
+                if (s.arr_slot[i] < 0 || s.arr_key[i] / E == layer) continue;
+                if (best < 0 || ranks_lower(s.arr_priority[i], s.arr_stamp[i], s.arr_priority[best],
+                                            s.arr_stamp[best]))
+                    best = i;
+            }
+            bool take_arrival = best >= 0;
+            if (take_arrival && c < s.n_cands) {
+                const mgl::expert_fetch_rank r = victim_ranks[s.next_victim + c];
+                take_arrival =
+                    ranks_lower(s.arr_priority[best], s.arr_stamp[best], r.priority, r.stamp);
+            }
+            if (take_arrival) {
+                s.fill_slot[f] = s.arr_slot[best];
+                s.fill_evicted[f] = s.arr_key[best];
+                s.fill_took[f] = best;
+                s.arr_slot[best] = -1;
+            } else if (c < s.n_cands) {
+                s.fill_slot[f] = s.cand_slot[c];
+                s.fill_evicted[f] = s.cand_key[c];
+                s.fill_took[f] = -1;
+                ++c;
+            } else {
+                break;
+            }
+        }
+        s.n_fills = f;
+        h->next_victim = s.next_victim + c;
+        h->layer_fills = s.first_fill;
+        h->n_fills = s.first_fill + f;
+        h->n_arrivals = s.first_arrival + f;
+        // The previous layer's fetch is over (its copies finished before this layer's routing
+        // ran): add its interval and open this layer's, which its copy blocks extend.
+        if (h->fetch_t1 > h->fetch_t0) h->fetch_ns += h->fetch_t1 - h->fetch_t0;
+        h->fetch_t0 = started;
+        h->fetch_t1 = global_ns();
+    }
+    __syncthreads();
+    const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
+    auto* fill_log = reinterpret_cast<int32_t*>(h->fill_log);
+    for (int f = tid; f < s.n_fills; f += n_threads) {
+        const int32_t e = s.misses[f], slot = s.fill_slot[f], evicted = s.fill_evicted[f];
+        const int32_t key = int32_t(layer * E + e);
+        if (evicted >= 0)
+            reinterpret_cast<int64_t*>(tables[evicted / E])[evicted % E] = homes[evicted];
+        slot_keys[slot] = key;
+        p.table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
+        fill_log[2 * (s.first_fill + f)] = key;
+        fill_log[2 * (s.first_fill + f) + 1] = slot;
+        auto* arrivals_out = reinterpret_cast<int32_t*>(h->arrivals);
+        if (s.fill_took[f] >= 0) arrivals_out[s.fill_took[f]] = -1;
+        arrivals_out[s.first_arrival + f] = slot;
+    }
+}
+
+}  // namespace minids::kernels::fetch_detail

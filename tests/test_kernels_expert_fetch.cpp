@@ -1,0 +1,409 @@
+// The route_fetch fusion at the kernel level: a routing launch that plans the layer's expert fetch
+// itself (moe_route or moe_router_route with MoeRoutingParams::fetch, then expert_fetch_copy)
+// against the unfused path (the same routing launch, then expert_fetch's plan and copy kernels),
+// over many steps of several MoE layers sharing one slot pool, fresh random inputs every step:
+// misses, hits, evictions, no victim left, and misses taking this step's earlier arrivals
+// (recycling). Everything the fetch writes must be identical: the tables, the slots' keys and
+// bytes, the fill log, the arrivals, the counters, and the routing's ids, weights and probs.
+#ifdef MINIDS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "expert_fetch.h"
+#include "moe.h"
+#include "moe_cuda_fixture.h"
+
+using namespace minids;
+using moe_test::DeviceBuffer;
+using moe_test::Rng;
+
+namespace {
+
+const bool no_gpu = !test::cuda_device_available();
+
+// The counters of mgl::expert_fetch_header the host sets before a step (in this order).
+constexpr size_t kCounterWords = 9;
+
+// Everything one path's fetch reads and writes: header, tables, slots and the arrays the header
+// points at (the layout of src/runtime/expert_offload_device.cpp does not matter here).
+struct FetchWorld {
+    int64_t L, E, S, blob, stride;
+    DeviceBuffer header, tables, table_addrs, victims, slot_keys, fill_log, victim_ranks, key_ranks,
+        arrivals, slots, homes;
+    std::vector<int64_t> home_addrs;
+
+    FetchWorld(int64_t L_, int64_t E_, int64_t S_, int64_t blob_, const DeviceBuffer& home_blobs)
+        : L(L_),
+          E(E_),
+          S(S_),
+          blob(blob_),
+          stride((blob_ + 255) / 256 * 256),
+          header(sizeof(mgl::expert_fetch_header), 0),
+          tables(size_t(L * E) * 8),
+          table_addrs(size_t(L) * 8),
+          victims(size_t(S) * 4),
+          slot_keys(size_t(S) * 4),
+          fill_log(size_t(L * E) * 8),
+          victim_ranks(size_t(S) * sizeof(mgl::expert_fetch_rank)),
+          key_ranks(size_t(L * E) * sizeof(mgl::expert_fetch_rank)),
+          arrivals(size_t(L * E) * 4),
+          slots(size_t(S * stride)),
+          homes(size_t(L * E) * 8) {
+        for (int64_t key = 0; key < L * E; ++key)
+            home_addrs.push_back(
+                reinterpret_cast<int64_t>(home_blobs.as<uint8_t>() + key * stride));
+        homes.upload(home_addrs);
+        tables.upload(home_addrs);  // every expert starts home
+        std::vector<int64_t> addrs;
+        for (int64_t l = 0; l < L; ++l)
+            addrs.push_back(reinterpret_cast<int64_t>(tables.as<int64_t>() + l * E));
+        table_addrs.upload(addrs);
+        slot_keys.upload(std::vector<int32_t>(size_t(S), -1));
+        mgl::expert_fetch_header h;
+        h.n_layers = L;
+        h.n_experts = E;
+        h.n_slots = S;
+        h.blob_bytes = blob;
+        h.slot_base = reinterpret_cast<int64_t>(slots.ptr);
+        h.slot_stride = stride;
+        h.tables = reinterpret_cast<int64_t>(table_addrs.ptr);
+        h.homes = reinterpret_cast<int64_t>(homes.ptr);
+        h.victims = reinterpret_cast<int64_t>(victims.ptr);
+        h.slot_keys = reinterpret_cast<int64_t>(slot_keys.ptr);
+        h.fill_log = reinterpret_cast<int64_t>(fill_log.ptr);
+        h.victim_ranks = reinterpret_cast<int64_t>(victim_ranks.ptr);
+        h.key_ranks = reinterpret_cast<int64_t>(key_ranks.ptr);
+        h.arrivals = reinterpret_cast<int64_t>(arrivals.ptr);
+        CUDA_CHECK(cudaMemcpy(header.ptr, &h, sizeof h, cudaMemcpyHostToDevice));
+    }
+
+    // What ExpertOffload::before_step uploads: the victims, their ranks, every key's arrival
+    // rank and the zeroed counters.
+    void before_step(const std::vector<int32_t>& v, const std::vector<mgl::expert_fetch_rank>& vr,
+                     const std::vector<mgl::expert_fetch_rank>& kr, bool recycle) {
+        if (!v.empty()) {
+            victims.upload(v);
+            victim_ranks.upload(vr);
+        }
+        key_ranks.upload(kr);
+        std::vector<int64_t> counters(kCounterWords, 0);
+        counters[0] = int64_t(v.size());
+        counters[4] = recycle ? 1 : 0;
+        CUDA_CHECK(
+            cudaMemcpy(header.ptr, counters.data(), kCounterWords * 8, cudaMemcpyHostToDevice));
+    }
+
+    kernels::ExpertFetchParams params(int64_t layer, const int32_t* ids, int64_t n_ids) const {
+        kernels::ExpertFetchParams p;
+        p.state = header.as<mgl::expert_fetch_header>();
+        p.table = tables.as<int64_t>() + layer * E;
+        p.ids = ids;
+        p.n_ids = n_ids;
+        p.layer = int32_t(layer);
+        p.n_experts = int32_t(E);
+        p.blob_bytes = blob;
+        p.pdl = true;
+        return p;
+    }
+
+    // The state after a step, addresses made comparable between worlds: a table entry as -1
+    // (home) or its slot's index.
+    struct Snapshot {
+        std::vector<int64_t> counters;  // next_victim, n_fills, n_arrivals
+        std::vector<int64_t> entries;
+        std::vector<int32_t> slot_keys, fill_log, arrivals;
+        std::vector<uint8_t> slots;
+        int64_t bad_entries = 0;  // neither home nor a slot holding that expert's bytes
+    };
+    Snapshot snapshot(const std::vector<uint8_t>& home_bytes) const {
+        Snapshot s;
+        mgl::expert_fetch_header h;
+        CUDA_CHECK(cudaMemcpy(&h, header.ptr, sizeof h, cudaMemcpyDeviceToHost));
+        s.counters = {h.next_victim, h.n_fills, h.n_arrivals};
+        const auto t = tables.download<int64_t>();
+        s.slot_keys = slot_keys.download<int32_t>();
+        s.slots = slots.download<uint8_t>();
+        const int64_t base = reinterpret_cast<int64_t>(slots.ptr);
+        for (int64_t key = 0; key < L * E; ++key) {
+            const int64_t a = t[size_t(key)];
+            if (a == home_addrs[size_t(key)]) {
+                s.entries.push_back(-1);
+                continue;
+            }
+            const int64_t slot = (a - base) / stride;
+            const bool ok = a >= base && (a - base) % stride == 0 && slot < S &&
+                            s.slot_keys[size_t(slot)] == key &&
+                            std::memcmp(&s.slots[size_t(slot * stride)],
+                                        &home_bytes[size_t(key * stride)], size_t(blob)) == 0;
+            s.bad_entries += ok ? 0 : 1;
+            s.entries.push_back(slot);
+        }
+        const auto log = fill_log.download<int32_t>();
+        s.fill_log.assign(log.begin(), log.begin() + 2 * h.n_fills);
+        const auto arr = arrivals.download<int32_t>();
+        s.arrivals.assign(arr.begin(), arr.begin() + h.n_arrivals);
+        return s;
+    }
+};
+
+// One path's routing outputs for every layer.
+struct RouteOut {
+    DeviceBuffer logits, probs, ids, weights, ticket;
+    RouteOut(int64_t L, int64_t T, int64_t E, int k)
+        : logits(size_t(L * T * E) * 4),
+          probs(size_t(L * T * E) * 4),
+          ids(size_t(L * T * k) * 4),
+          weights(size_t(L * T * k) * 4),
+          ticket(4, 0) {}
+};
+
+struct Config {
+    const char* what;
+    int64_t E, T;
+    bool router;  // moe_router_route (router matmul + routing) instead of moe_route
+    mgl::moe_route_params route;
+};
+
+mgl::moe_route_params greedy_k(int k) {
+    mgl::moe_route_params p;
+    p.k = k;
+    p.norm_topk_prob = true;
+    return p;
+}
+
+mgl::moe_route_params grouped_k(int k, int n_group, int topk_group) {
+    mgl::moe_route_params p = greedy_k(k);
+    p.method = mgl::topk_method::group_limited_greedy;
+    p.n_group = n_group;
+    p.topk_group = topk_group;
+    return p;
+}
+
+template <typename T>
+int64_t count_differences(const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return int64_t(std::max(a.size(), b.size()));
+    int64_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("cuda expert fetch planned by the routing launch: identical to the plan kernel" *
+          doctest::skip(no_gpu)) {
+    const Config configs[] = {
+        {"decode, moe_route", 64, 1, false, greedy_k(6)},
+        {"3 tokens in one block, moe_route", 64, 3, false, greedy_k(6)},
+        {"6 tokens: route then the plan kernel", 64, 6, false, greedy_k(6)},
+        {"160 experts grouped, moe_route", 160, 1, false, grouped_k(6, 8, 3)},
+        {"decode, moe_router_route", 64, 1, true, greedy_k(6)},
+        {"5 tokens, moe_router_route", 64, 5, true, greedy_k(6)},
+        {"160 experts grouped, moe_router_route", 160, 2, true, grouped_k(6, 8, 3)},
+    };
+    const int64_t L = 4, S = 24, D = 256, n_steps = 48;
+    const int64_t blob = 200000 + 48;  // two copy chunks and a tail
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    uint64_t seed = 900;
+    for (const Config& c : configs) {
+        CAPTURE(c.what);
+        const int64_t E = c.E, T = c.T;
+        const int k = c.route.k;
+        const int64_t stride = (blob + 255) / 256 * 256;
+        Rng rng(seed += 100);
+        std::vector<uint8_t> home_bytes(size_t(L * E * stride));
+        for (size_t i = 0; i + 8 <= home_bytes.size(); i += 8) {
+            const uint64_t r = rng.next();
+            std::memcpy(&home_bytes[i], &r, 8);
+        }
+        DeviceBuffer home_blobs(home_bytes);
+        FetchWorld unfused(L, E, S, blob, home_blobs), fused(L, E, S, blob, home_blobs);
+        RouteOut out_u(L, T, E, k), out_f(L, T, E, k);
+        // Each layer's hot experts (higher logits on average), so that steps also hit.
+        std::vector<std::vector<char>> hot(size_t(L), std::vector<char>(size_t(E), 0));
+        for (auto& h : hot)
+            for (int i = 0; i < 10; ++i) h[size_t(rng.below(int(E)))] = 1;
+        // moe_router_route: fixed router weights per layer, hot rows leaning towards x's mean.
+        DeviceBuffer x(size_t(L * T * D) * 4), w(size_t(L * E * D) * 2);
+        if (c.router) {
+            std::vector<uint16_t> wb(size_t(L * E * D));
+            for (int64_t l = 0; l < L; ++l)
+                for (int64_t e = 0; e < E; ++e)
+                    for (int64_t d = 0; d < D; ++d)
+                        wb[size_t((l * E + e) * D + d)] = mgl::f32_to_bf16(
+                            rng.uniform(-0.1f, 0.1f) + (hot[size_t(l)][size_t(e)] ? 0.02f : 0.0f));
+            w.upload(wb);
+        }
+        int64_t fills = 0, hits = 0, recycled = 0, steps_out_of_victims = 0;
+        for (int64_t step = 0; step < n_steps; ++step) {
+            CAPTURE(step);
+            const FetchWorld::Snapshot before = unfused.snapshot(home_bytes);
+            // Victims: a random number of distinct slots in random order (none at all, or too
+            // few for the step's misses, now and then), ranked as the host ranks them (a free
+            // slot first); arrival ranks of every key drawn from the same few levels, so misses
+            // sometimes prefer this step's earlier arrival.
+            std::vector<int32_t> order(static_cast<size_t>(S));
+            std::iota(order.begin(), order.end(), 0);
+            for (size_t i = order.size(); i > 1; --i)
+                std::swap(order[i - 1], order[rng.below(int(i))]);
+            const int n_victims = step % 7 == 3 ? 0 : rng.below(int(S) + 1);
+            std::vector<int32_t> victims(order.begin(), order.begin() + n_victims);
+            std::vector<mgl::expert_fetch_rank> victim_ranks, key_ranks(size_t(L * E));
+            for (int32_t v : victims) {
+                mgl::expert_fetch_rank r{double(rng.below(4)), uint64_t(rng.below(1000))};
+                if (before.slot_keys[size_t(v)] < 0)
+                    r = {-std::numeric_limits<double>::infinity(), 0};
+                victim_ranks.push_back(r);
+            }
+            for (auto& r : key_ranks) r = {double(rng.below(4)), uint64_t(rng.below(1000))};
+            const bool recycle = rng.below(3) != 0;
+            unfused.before_step(victims, victim_ranks, key_ranks, recycle);
+            fused.before_step(victims, victim_ranks, key_ranks, recycle);
+            // Fresh inputs for every layer: logits (moe_route) or x (moe_router_route).
+            std::vector<float> in(size_t(L * T * (c.router ? D : E)));
+            for (int64_t l = 0; l < L; ++l)
+                for (int64_t t = 0; t < T; ++t) {
+                    if (c.router) {
+                        for (int64_t d = 0; d < D; ++d)
+                            in[size_t((l * T + t) * D + d)] = rng.uniform(-1.0f, 1.0f) + 0.5f;
+                    } else {
+                        for (int64_t e = 0; e < E; ++e)
+                            in[size_t((l * T + t) * E + e)] =
+                                rng.uniform(-2.0f, 2.0f) +
+                                (hot[size_t(l)][size_t(e)] ? 2.5f : 0.0f);
+                    }
+                }
+            if (c.router) {
+                x.upload(in);
+            } else {
+                out_u.logits.upload(in);
+                out_f.logits.upload(in);
+            }
+            // Each path's layers in order on one stream, every launch dependent (as in the graph).
+            for (const bool fuse : {false, true}) {
+                for (int64_t l = 0; l < L; ++l) {
+                    FetchWorld& world = fuse ? fused : unfused;
+                    RouteOut& o = fuse ? out_f : out_u;
+                    int32_t* ids = o.ids.as<int32_t>() + l * T * k;
+                    const kernels::ExpertFetchParams f = world.params(l, ids, T * k);
+                    if (c.router) {
+                        kernels::MoeRouterRouteParams p;
+                        p.x = x.as<float>() + l * T * D;
+                        p.n_embd = D;
+                        p.w = w.as<uint16_t>() + l * E * D;
+                        p.logits = o.logits.as<float>() + l * T * E;
+                        p.ticket = o.ticket.as<unsigned int>();
+                        p.probs_out = o.probs.as<float>() + l * T * E;
+                        p.ids = ids;
+                        p.weights = o.weights.as<float>() + l * T * k;
+                        p.n_tokens = T;
+                        p.n_experts = E;
+                        p.route = c.route;
+                        p.pdl = true;
+                        if (fuse) p.fetch = f;
+                        kernels::moe_router_route(p, stream);
+                    } else {
+                        kernels::MoeRoutingParams r;
+                        r.logits = o.logits.as<float>() + l * T * E;
+                        r.probs_out = o.probs.as<float>() + l * T * E;
+                        r.ids = ids;
+                        r.weights = o.weights.as<float>() + l * T * k;
+                        r.n_tokens = T;
+                        r.n_experts = E;
+                        r.route = c.route;
+                        r.pdl = true;
+                        if (fuse) r.fetch = f;
+                        kernels::moe_route(r, stream);
+                    }
+                    if (fuse)
+                        kernels::expert_fetch_copy(f, stream);
+                    else
+                        kernels::expert_fetch(f, stream);
+                }
+            }
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const FetchWorld::Snapshot a = unfused.snapshot(home_bytes),
+                                       b = fused.snapshot(home_bytes);
+            CHECK(count_differences(a.counters, b.counters) == 0);
+            CHECK(count_differences(a.entries, b.entries) == 0);
+            CHECK(count_differences(a.slot_keys, b.slot_keys) == 0);
+            CHECK(count_differences(a.fill_log, b.fill_log) == 0);
+            CHECK(count_differences(a.arrivals, b.arrivals) == 0);
+            CHECK(count_differences(a.slots, b.slots) == 0);
+            CHECK(a.bad_entries == 0);
+            CHECK(b.bad_entries == 0);
+            CHECK(count_differences(out_u.ids.download<int32_t>(), out_f.ids.download<int32_t>()) ==
+                  0);
+            CHECK(count_differences(out_u.weights.download<float>(),
+                                    out_f.weights.download<float>()) == 0);
+            CHECK(count_differences(out_u.probs.download<float>(), out_f.probs.download<float>()) ==
+                  0);
+            // What the step did (from the unfused path): fills, recycled arrivals (a slot
+            // filled twice in one step), hits (used experts whose entry was a slot at the start).
+            const auto ids = out_u.ids.download<int32_t>();
+            for (int64_t l = 0; l < L; ++l) {
+                std::vector<char> used(size_t(E), 0);
+                for (int64_t i = 0; i < T * k; ++i) used[size_t(ids[size_t(l * T * k + i)])] = 1;
+                for (int64_t e = 0; e < E; ++e)
+                    hits += used[size_t(e)] && before.entries[size_t(l * E + e)] >= 0;
+            }
+            const int64_t n_fills = a.counters[1];
+            fills += n_fills;
+            std::vector<int> filled(size_t(S), 0);
+            for (int64_t i = 0; i < n_fills; ++i)
+                recycled += ++filled[size_t(a.fill_log[size_t(2 * i + 1)])] > 1;
+            steps_out_of_victims += a.counters[0] >= int64_t(victims.size()) ? 1 : 0;
+        }
+        MESSAGE("expert fetch planned by the routing launch, "
+                << c.what << ": " << n_steps << " steps, " << fills << " fills, " << recycled
+                << " recycled, " << hits << " hits");
+        CHECK(fills > S);
+        CHECK(hits > 0);
+        CHECK(recycled > 0);
+        CHECK(steps_out_of_victims > 0);
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE(
+    "cuda routing with an expert fetch refuses a fetch of other ids before touching the "
+    "device") {
+    alignas(16) static float logits[64];
+    static int32_t ids[6], other[6];
+    static float weights[6];
+    static mgl::expert_fetch_header state;
+    static int64_t table[64];
+    kernels::MoeRoutingParams r;
+    r.logits = logits;
+    r.ids = ids;
+    r.weights = weights;
+    r.n_tokens = 1;
+    r.n_experts = 64;
+    r.route = greedy_k(6);
+    r.fetch.state = &state;
+    r.fetch.table = table;
+    r.fetch.ids = other;  // not the routing's ids
+    r.fetch.n_ids = 6;
+    r.fetch.n_experts = 64;
+    r.fetch.blob_bytes = 1024;
+    CHECK_THROWS_AS(kernels::moe_route(r, nullptr), mgl::error);
+    r.fetch.ids = ids;
+    r.fetch.n_ids = 5;  // not T·k
+    CHECK_THROWS_AS(kernels::moe_route(r, nullptr), mgl::error);
+    r.fetch.n_ids = 6;
+    r.fetch.n_experts = 32;  // a table of other experts
+    CHECK_THROWS_AS(kernels::moe_route(r, nullptr), mgl::error);
+    kernels::ExpertFetchParams f = r.fetch;
+    f.n_experts = 2000;  // above the plan's limit
+    CHECK_THROWS_AS(kernels::expert_fetch_copy(f, nullptr), mgl::error);
+}
+
+#endif  // MINIDS_HAVE_CUDA
