@@ -31,6 +31,7 @@
 
 #include "mgl-cuda.h"
 #include "mgl.h"
+#include "moe.h"
 
 namespace mgl::cuda {
 
@@ -47,6 +48,11 @@ struct precise_switches {
     bool gemm = false, moe = false, mla = false;
 };
 precise_switches precise_switches_from_env();
+
+// MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
+// or pipelined (kernels/moe.h, MoeGroupedKernel); unset or empty keeps
+// moe_grouped_default_kernel(). Anything else is an error.
+minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env();
 
 struct route_group {
     tensor* softmax = nullptr;
