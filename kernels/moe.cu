@@ -117,4 +117,17 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_by
     }
 }
 
+void moe_grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream) {
+    check_experts_params(p);
+    if (!p.ids || !p.weights || !p.x || !p.out)
+        moe_fail("moe_grouped_stage: ids, weights, x and out are required");
+    if (moe_resolved_path(p) != MoePath::grouped || p.rms_norm)
+        moe_fail("moe_grouped_stage: the parameters take the decode path (" +
+                 std::to_string(p.n_tokens) + " tokens)");
+    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+        moe_fail("moe_grouped_stage: workspace must be 256-byte aligned");
+    grouped_stage(p, stage, workspace, workspace_bytes, stream);
+}
+
 }  // namespace minids::kernels

@@ -204,6 +204,20 @@ struct MoeDecodeConfig {
     Fp8Convert fp8_convert = Fp8Convert::hardware;
 };
 
+// Which tensor-core GEMM kernel the grouped path runs (both give the same bits: see
+// moe_gemm_pipelined.cuh).
+enum class MoeGroupedKernel : uint8_t {
+    // Register-staged double buffer, x converted from f32 to BF16 inside the K loop
+    // (moe_gemm.cuh).
+    staged,
+    // x rounded to BF16 once per call, a 3-4 stage cp.async pipeline, FP8 weights raw in shared
+    // memory (moe_gemm_pipelined.cuh). FP8 and BF16 weights; f32 weights keep the staged kernel.
+    pipelined,
+};
+// The kernel the grouped path runs unless told otherwise: the one place that decides it
+// (MINIDS_MOE_GROUPED overrides it in the CUDA backend).
+constexpr MoeGroupedKernel moe_grouped_default_kernel() { return MoeGroupedKernel::staged; }
+
 // Tuning of the grouped (prefill) path.
 struct MoeGroupedConfig {
     // Tensor cores (mma.sync m16n8k16 BF16, FP32 accumulate; x and the SwiGLU activations rounded
@@ -213,6 +227,7 @@ struct MoeGroupedConfig {
     // FP32 activations), slow, the reference for debugging.
     bool tensor_cores = true;
     int tile_m = 64;  // sorted rows per GEMM tile: 32, 64 or 128
+    MoeGroupedKernel kernel = moe_grouped_default_kernel();
 };
 
 struct MoeExpertsParams {
@@ -258,7 +273,7 @@ struct MoeExpertsParams {
 // Device workspace moe_experts needs for these parameters (path resolved as moe_experts will).
 // Decode: T · (k · n_ff + shared n_ff) floats. Grouped: the sort (≈ 8 · T · k bytes), the
 // activations and per-(token, expert) outputs, T · k · (n_ff + D) floats, plus T · (shared n_ff
-// + D) floats with a shared expert.
+// + D) floats with a shared expert, plus T · D BF16 values for x with the pipelined kernel.
 size_t moe_experts_workspace_bytes(const MoeExpertsParams& p);
 
 // out = residual + Σ_j w_j · Expert_{id_j}(x) + Shared(x), on `stream`, without allocating or
@@ -271,11 +286,30 @@ size_t moe_experts_workspace_bytes(const MoeExpertsParams& p);
 // launch 2 computes each output row as the weighted sum over the token's k experts (fixed order)
 // plus the shared expert plus the residual. FP32 accumulation throughout.
 // Grouped path: a one-block counting sort of the (token, expert) pairs by expert (stable: token
-// order inside an expert), grouped gate/up GEMM with the SwiGLU fused into its epilogue, grouped
-// down GEMM, the same two GEMMs (dense) for the shared expert, then a combine that adds the
-// weighted expert outputs in j order, the shared output and the residual.
+// order inside an expert), (pipelined kernel: x rounded to BF16 once,) grouped gate/up GEMM with
+// the SwiGLU fused into its epilogue, grouped down GEMM, the same two GEMMs (dense) for the
+// shared expert, then a combine that adds the weighted expert outputs in j order, the shared
+// output and the residual.
 void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream);
+
+// The launches of the grouped path one at a time, for benchmarks that time each kernel alone
+// (scripts/bench_moe_cuda.cpp). On the workspace a complete moe_experts call with the same
+// parameters left, re-running a stage recomputes what that call computed there (the combine
+// stage also rewrites out, which must not alias x or residual then). A stage these parameters
+// do not have (x_to_bf16 without the pipelined kernel, the shared stages without a shared
+// expert) launches nothing.
+enum class MoeGroupedStage : uint8_t {
+    sort,            // the (token, expert) pairs by expert
+    x_to_bf16,       // x rounded to BF16 once (pipelined kernel)
+    gate_up,         // routed experts: grouped gate/up GEMM + SwiGLU
+    down,            // routed experts: grouped down GEMM
+    shared_gate_up,  // shared expert: gate/up GEMM + SwiGLU over every token
+    shared_down,     // shared expert: down GEMM
+    combine,         // weighted sum + shared + residual -> out
+};
+void moe_grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream);
 
 // Which path moe_experts takes for these parameters (for logging and tests).
 MoePath moe_resolved_path(const MoeExpertsParams& p);

@@ -146,6 +146,8 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
 // Grouped path (moe_grouped.cu).
 size_t grouped_workspace_bytes(const MoeExpertsParams& p);
 void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream);
+void grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* ws, size_t ws_bytes,
+                   cudaStream_t stream);
 bool grouped_tensor_cores_supported(const MoeExpertsParams& p);
 
 // Kernels whose dynamic shared memory exceeds the default 48 KiB must opt in (a host-side

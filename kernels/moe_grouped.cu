@@ -8,12 +8,14 @@
 //      Σ_e ceil(count_e / TM) <= ceil(T · k / TM) + E, blocks past the last tile exit at once.
 //   3. down GEMM over the activation rows, y[position] = f32.
 //   4. combine: out[t] = residual[t] + Σ_j w[t, j] · y[entry_pos[t, j]] (j order) + shared[t].
-// The GEMMs run on tensor cores (moe_gemm.cuh) or, for debugging and unaligned shapes, as simple
-// FP32 SIMT kernels (one warp per output row, exact weights, f32 activations).
+// The GEMMs run on tensor cores (moe_gemm.cuh, or with MoeGroupedKernel::pipelined
+// moe_gemm_pipelined.cuh after x is rounded to BF16 once) or, for debugging and unaligned shapes,
+// as simple FP32 SIMT kernels (one warp per output row, exact weights, f32 activations).
+// Each launch is one MoeGroupedStage; grouped_experts runs them all in order.
 #include <algorithm>
 #include <string>
 
-#include "moe_gemm.cuh"
+#include "moe_gemm_pipelined.cuh"
 
 namespace minids::kernels::moe_detail {
 namespace {
@@ -172,6 +174,21 @@ __global__ void __launch_bounds__(simple_warps * 32)
     }
 }
 
+// ---- x -> BF16 (pipelined kernel) ----
+
+// x [T, D] f32 (row stride x_stride, rows 16-byte aligned, D a multiple of 16) -> BF16 [T, D]
+// contiguous, rounded exactly as the staged kernel rounds it on its way into shared memory. One
+// block per token.
+__global__ void x_to_bf16_kernel(const float* x, int64_t x_stride, int64_t D, __nv_bfloat16* out) {
+    const float* row = x + int64_t(blockIdx.x) * x_stride;
+    __nv_bfloat16* dst = out + int64_t(blockIdx.x) * D;
+    for (int64_t c = int64_t(threadIdx.x) * 4; c < D; c += int64_t(blockDim.x) * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(row + c);
+        *reinterpret_cast<uint2*>(dst + c) =
+            make_uint2(tc::pack_bf16(v.x, v.y), tc::pack_bf16(v.z, v.w));
+    }
+}
+
 // ---- 4. combine ----
 
 struct CombineArgs {
@@ -213,12 +230,23 @@ struct GroupedWorkspace {
     int32_t* entry_pos;
     int32_t* expert_offset;
     int32_t* tile_offset;
-    void* act;         // [N, n_ff] bf16 (tensor cores) or f32
-    float* y;          // [N, D]
-    void* shared_act;  // [T, shared n_ff]
-    float* shared_y;   // [T, D]
+    void* act;              // [N, n_ff] bf16 (tensor cores) or f32
+    float* y;               // [N, D]
+    void* shared_act;       // [T, shared n_ff]
+    float* shared_y;        // [T, D]
+    __nv_bfloat16* x_bf16;  // [T, D], pipelined kernel only
     size_t bytes;
 };
+
+// Whether an MLP of weight type `type` runs the pipelined kernel (it takes FP8 and BF16 weights;
+// f32 weights keep the staged kernel).
+bool runs_pipelined(const MoeExpertsParams& p, mgl::dtype type) {
+    return p.grouped.kernel == MoeGroupedKernel::pipelined && type != mgl::dtype::f32 &&
+           moe_grouped_uses_tensor_cores(p);
+}
+bool needs_x_bf16(const MoeExpertsParams& p) {
+    return runs_pipelined(p, p.layout.type) || (has_shared(p) && runs_pipelined(p, p.shared.type));
+}
 
 GroupedWorkspace plan_workspace(const MoeExpertsParams& p, uint8_t* base) {
     const int64_t N = p.n_tokens * p.k, T = p.n_tokens, D = p.layout.n_embd;
@@ -239,6 +267,7 @@ GroupedWorkspace plan_workspace(const MoeExpertsParams& p, uint8_t* base) {
         w.shared_act = take(size_t(T) * size_t(p.shared.n_ff) * 4);
         w.shared_y = static_cast<float*>(take(size_t(T) * size_t(D) * 4));
     }
+    if (needs_x_bf16(p)) w.x_bf16 = static_cast<__nv_bfloat16*>(take(size_t(T) * size_t(D) * 2));
     w.bytes = off;
     return w;
 }
@@ -248,97 +277,122 @@ struct MlpGemms {
     tc::GemmArgs gate_up;
     tc::GemmArgs down;
     mgl::dtype type;
-    int64_t tiles;  // grid.x
-    void* act;      // the activations between the two: bf16 (tensor cores) or f32 (simple)
+    int64_t tiles;   // grid.x: M tiles (tensor cores) or positions (simple kernels)
+    void* act;       // the activations between the two: bf16 (tensor cores) or f32 (simple)
+    bool pipelined;  // moe_gemm_pipelined.cuh instead of moe_gemm.cuh
 };
 
+template <int TM, bool GATE_UP, mgl::dtype BT>
+void launch_staged(const tc::GemmArgs& g, int64_t tiles, cudaStream_t stream) {
+    constexpr int TN = GATE_UP ? gate_up_tile_n : down_tile_n;
+    auto kernel = tc::gemm_kernel<TM, TN, GATE_UP, BT>;
+    constexpr size_t smem = tc::smem_bytes<TM, TN, GATE_UP>();
+    allow_dynamic_smem(kernel, smem);
+    const dim3 grid(unsigned(tiles), unsigned((g.N + TN - 1) / TN));
+    kernel<<<grid, tc::threads, smem, stream>>>(g);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int TM, bool GATE_UP, mgl::dtype BT>
+void launch_pipelined(const tc::GemmArgs& g, int64_t tiles, cudaStream_t stream) {
+    using S = pipe::Shape<TM, GATE_UP, BT>;
+    auto kernel = pipe::gemm_kernel<TM, GATE_UP, BT>;
+    allow_dynamic_smem(kernel, S::smem);
+    // Two blocks of up to 96 KiB per SM need the largest shared-memory carveout (a host-side
+    // attribute like the one above, allowed while capturing).
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    int(cudaSharedmemCarveoutMaxShared)));
+    const dim3 grid(unsigned(tiles), unsigned((g.N + S::TN - 1) / S::TN));
+    kernel<<<grid, pipe::threads, S::smem, stream>>>(g);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int TM, mgl::dtype BT>
-void launch_tc(const MlpGemms& m, cudaStream_t stream) {
-    {
-        auto kernel = tc::gemm_kernel<TM, gate_up_tile_n, true, BT>;
-        constexpr size_t smem = tc::smem_bytes<TM, gate_up_tile_n, true>();
-        allow_dynamic_smem(kernel, smem);
-        const dim3 grid(unsigned(m.tiles),
-                        unsigned((m.gate_up.N + gate_up_tile_n - 1) / gate_up_tile_n));
-        kernel<<<grid, tc::threads, smem, stream>>>(m.gate_up);
-        CUDA_CHECK_LAUNCH();
+void launch_tc(const MlpGemms& m, bool gate_up, cudaStream_t stream) {
+    if constexpr (BT != mgl::dtype::f32) {
+        if (m.pipelined) {
+            if (gate_up) {
+                launch_pipelined<TM, true, BT>(m.gate_up, m.tiles, stream);
+            } else {
+                launch_pipelined<TM, false, BT>(m.down, m.tiles, stream);
+            }
+            return;
+        }
     }
-    {
-        auto kernel = tc::gemm_kernel<TM, down_tile_n, false, BT>;
-        constexpr size_t smem = tc::smem_bytes<TM, down_tile_n, false>();
-        allow_dynamic_smem(kernel, smem);
-        const dim3 grid(unsigned(m.tiles), unsigned((m.down.N + down_tile_n - 1) / down_tile_n));
-        kernel<<<grid, tc::threads, smem, stream>>>(m.down);
-        CUDA_CHECK_LAUNCH();
+    if (gate_up) {
+        launch_staged<TM, true, BT>(m.gate_up, m.tiles, stream);
+    } else {
+        launch_staged<TM, false, BT>(m.down, m.tiles, stream);
     }
 }
 
 template <int TM>
-void launch_tc_dtype(const MlpGemms& m, cudaStream_t stream) {
+void launch_tc_dtype(const MlpGemms& m, bool gate_up, cudaStream_t stream) {
     switch (m.type) {
         case mgl::dtype::f32:
-            launch_tc<TM, mgl::dtype::f32>(m, stream);
+            launch_tc<TM, mgl::dtype::f32>(m, gate_up, stream);
             break;
         case mgl::dtype::bf16:
-            launch_tc<TM, mgl::dtype::bf16>(m, stream);
+            launch_tc<TM, mgl::dtype::bf16>(m, gate_up, stream);
             break;
         default:
-            launch_tc<TM, mgl::dtype::f8_e4m3>(m, stream);
+            launch_tc<TM, mgl::dtype::f8_e4m3>(m, gate_up, stream);
             break;
     }
 }
 
 template <mgl::dtype BT>
-void launch_simple(const MlpGemms& m, int64_t positions, cudaStream_t stream) {
+void launch_simple(const MlpGemms& m, bool gate_up, cudaStream_t stream) {
     float* act = static_cast<float*>(m.act);
-    simple_gemm_kernel<BT, true>
-        <<<dim3(unsigned(positions), unsigned((m.gate_up.N + simple_warps - 1) / simple_warps)),
-           simple_warps * 32, 0, stream>>>(m.gate_up, act);
-    CUDA_CHECK_LAUNCH();
-    simple_gemm_kernel<BT, false>
-        <<<dim3(unsigned(positions), unsigned((m.down.N + simple_warps - 1) / simple_warps)),
-           simple_warps * 32, 0, stream>>>(m.down, act);
+    const tc::GemmArgs& g = gate_up ? m.gate_up : m.down;
+    const dim3 grid(unsigned(m.tiles), unsigned((g.N + simple_warps - 1) / simple_warps));
+    if (gate_up) {
+        simple_gemm_kernel<BT, true><<<grid, simple_warps * 32, 0, stream>>>(g, act);
+    } else {
+        simple_gemm_kernel<BT, false><<<grid, simple_warps * 32, 0, stream>>>(g, act);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
-void run_mlp(const MlpGemms& m, bool tensor_cores, int tile_m, int64_t positions,
-             cudaStream_t stream) {
-    if (positions == 0) return;
+// One of the two GEMMs of m (gate_up, else down).
+void run_gemm(const MlpGemms& m, bool gate_up, bool tensor_cores, int tile_m, cudaStream_t stream) {
+    if (m.tiles == 0) return;
     if (!tensor_cores) {
         switch (m.type) {
             case mgl::dtype::f32:
-                launch_simple<mgl::dtype::f32>(m, positions, stream);
+                launch_simple<mgl::dtype::f32>(m, gate_up, stream);
                 break;
             case mgl::dtype::bf16:
-                launch_simple<mgl::dtype::bf16>(m, positions, stream);
+                launch_simple<mgl::dtype::bf16>(m, gate_up, stream);
                 break;
             default:
-                launch_simple<mgl::dtype::f8_e4m3>(m, positions, stream);
+                launch_simple<mgl::dtype::f8_e4m3>(m, gate_up, stream);
                 break;
         }
     } else if (tile_m == 32) {
-        launch_tc_dtype<32>(m, stream);
+        launch_tc_dtype<32>(m, gate_up, stream);
     } else if (tile_m == 64) {
-        launch_tc_dtype<64>(m, stream);
+        launch_tc_dtype<64>(m, gate_up, stream);
     } else {
-        launch_tc_dtype<128>(m, stream);
+        launch_tc_dtype<128>(m, gate_up, stream);
     }
 }
 
-}  // namespace
+// Every launch of one grouped call, with its arguments (built on the host from the parameters
+// and the workspace; nothing here reads device memory).
+struct GroupedPlan {
+    GroupedWorkspace w;
+    bool tensor_cores;
+    int tile_m;
+    int E;
+    int64_t N, T, D, x_stride;
+    MlpGemms routed;
+    bool shared_on;
+    MlpGemms shared;
+    CombineArgs combine;
+};
 
-bool grouped_tensor_cores_supported(const MoeExpertsParams& p) {
-    const int64_t x_stride = p.x_stride ? p.x_stride : p.layout.n_embd;
-    return weights_vec_aligned(p) && p.layout.n_embd % 16 == 0 && p.layout.n_ff % 16 == 0 &&
-           (!has_shared(p) || p.shared.n_ff % 16 == 0) && x_stride % 4 == 0 &&
-           reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-}
-
-size_t grouped_workspace_bytes(const MoeExpertsParams& p) {
-    return plan_workspace(p, nullptr).bytes;
-}
-
-void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream) {
+GroupedPlan plan_grouped(const MoeExpertsParams& p, void* ws, size_t ws_bytes) {
     const int tile_m = p.grouped.tile_m;
     if (tile_m != 32 && tile_m != 64 && tile_m != 128)
         moe_fail("moe_experts (grouped): tile_m " + std::to_string(tile_m) +
@@ -346,29 +400,33 @@ void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaS
     if (p.n_experts > max_sort_experts)
         moe_fail("moe_experts (grouped): " + std::to_string(p.n_experts) +
                  " experts (at most 1024)");
+    GroupedPlan plan{};
     const int64_t N = p.n_tokens * p.k, T = p.n_tokens, D = p.layout.n_embd;
     if (N > INT32_MAX / 2)
         moe_fail("moe_experts (grouped): " + std::to_string(N) + " (token, expert) pairs");
-    const GroupedWorkspace w = plan_workspace(p, static_cast<uint8_t*>(ws));
+    plan.w = plan_workspace(p, static_cast<uint8_t*>(ws));
+    const GroupedWorkspace& w = plan.w;
     if (ws_bytes < w.bytes || !ws)
         moe_fail("moe_experts (grouped): workspace of " + std::to_string(ws_bytes) +
                  " bytes, needs " + std::to_string(w.bytes));
-    if (T == 0) return;
-    const bool tensor_cores = moe_grouped_uses_tensor_cores(p);
-    const int E = int(p.n_experts);
-
-    const size_t sort_smem = size_t(2 + sort_warps) * size_t(E) * sizeof(int);
-    sort_kernel<<<1, sort_threads, sort_smem, stream>>>(
-        p.ids, N, E, tile_m, w.sorted_entry, w.entry_pos, w.expert_offset, w.tile_offset);
-    CUDA_CHECK_LAUNCH();
+    plan.tensor_cores = moe_grouped_uses_tensor_cores(p);
+    plan.tile_m = tile_m;
+    plan.E = int(p.n_experts);
+    plan.N = N;
+    plan.T = T;
+    plan.D = D;
+    plan.x_stride = p.x_stride ? p.x_stride : D;
+    const bool tensor_cores = plan.tensor_cores;
+    const int E = plan.E;
+    const int64_t x_stride = plan.x_stride;
 
     const ExpertLayout& l = p.layout;
-    const int64_t x_stride = p.x_stride ? p.x_stride : D;
     const bool fp8 = l.type == mgl::dtype::f8_e4m3;
-    MlpGemms routed{};
+    MlpGemms& routed = plan.routed;
     routed.type = l.type;
     routed.act = w.act;
     routed.tiles = std::min<int64_t>((N + tile_m - 1) / tile_m + E, N);
+    routed.pipelined = runs_pipelined(p, l.type);
     tc::GemmArgs& gu = routed.gate_up;
     gu.tile_offset = w.tile_offset;
     gu.expert_offset = w.expert_offset;
@@ -377,6 +435,8 @@ void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaS
     gu.k = p.k;
     gu.x = p.x;
     gu.x_stride = x_stride;
+    gu.a = w.x_bf16;  // the pipelined kernel's A; null (unused) otherwise
+    gu.a_stride = D;
     gu.table = p.expert_table;
     gu.off[0] = l.gate_offset;
     gu.off[1] = l.up_offset;
@@ -401,19 +461,22 @@ void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaS
     dn.y_out = w.y;
     dn.y_stride = D;
     if (!tensor_cores) routed.tiles = N;  // simple kernels: one block column per position
-    run_mlp(routed, tensor_cores, tile_m, routed.tiles, stream);
 
-    if (has_shared(p)) {
+    plan.shared_on = has_shared(p);
+    if (plan.shared_on) {
         const SharedExpertWeights& s = p.shared;
-        MlpGemms shared{};
+        MlpGemms& shared = plan.shared;
         shared.type = s.type;
         shared.act = w.shared_act;
         shared.tiles = tensor_cores ? (T + tile_m - 1) / tile_m : T;
+        shared.pipelined = runs_pipelined(p, s.type);
         tc::GemmArgs& sg = shared.gate_up;
         sg.n_rows = T;
         sg.k = p.k;
         sg.x = p.x;
         sg.x_stride = x_stride;
+        sg.a = w.x_bf16;
+        sg.a_stride = D;
         sg.off[0] = int64_t(reinterpret_cast<uintptr_t>(s.gate));
         sg.off[1] = int64_t(reinterpret_cast<uintptr_t>(s.up));
         sg.scale_off[0] = sg.scale_off[1] = -1;
@@ -432,22 +495,87 @@ void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaS
         sd.act_out = nullptr;
         sd.y_out = w.shared_y;
         sd.y_stride = D;
-        run_mlp(shared, tensor_cores, tile_m, shared.tiles, stream);
     }
 
-    CombineArgs c{};
+    CombineArgs& c = plan.combine;
     c.entry_pos = w.entry_pos;
     c.weights = p.weights;
     c.k = p.k;
     c.y = w.y;
-    c.shared_y = has_shared(p) ? w.shared_y : nullptr;
+    c.shared_y = plan.shared_on ? w.shared_y : nullptr;
     c.residual = p.residual;
     c.residual_stride = p.residual_stride ? p.residual_stride : D;
     c.out = p.out;
     c.out_stride = p.out_stride ? p.out_stride : D;
     c.D = D;
-    combine_kernel<<<unsigned(T), 256, 0, stream>>>(c);
-    CUDA_CHECK_LAUNCH();
+    return plan;
+}
+
+void run_stage(const GroupedPlan& plan, const MoeExpertsParams& p, MoeGroupedStage stage,
+               cudaStream_t stream) {
+    if (plan.T == 0) return;
+    const GroupedWorkspace& w = plan.w;
+    switch (stage) {
+        case MoeGroupedStage::sort: {
+            const size_t sort_smem = size_t(2 + sort_warps) * size_t(plan.E) * sizeof(int);
+            sort_kernel<<<1, sort_threads, sort_smem, stream>>>(p.ids, plan.N, plan.E, plan.tile_m,
+                                                                w.sorted_entry, w.entry_pos,
+                                                                w.expert_offset, w.tile_offset);
+            CUDA_CHECK_LAUNCH();
+            break;
+        }
+        case MoeGroupedStage::x_to_bf16:
+            if (w.x_bf16) {
+                x_to_bf16_kernel<<<unsigned(plan.T), 256, 0, stream>>>(p.x, plan.x_stride, plan.D,
+                                                                       w.x_bf16);
+                CUDA_CHECK_LAUNCH();
+            }
+            break;
+        case MoeGroupedStage::gate_up:
+            run_gemm(plan.routed, true, plan.tensor_cores, plan.tile_m, stream);
+            break;
+        case MoeGroupedStage::down:
+            run_gemm(plan.routed, false, plan.tensor_cores, plan.tile_m, stream);
+            break;
+        case MoeGroupedStage::shared_gate_up:
+            if (plan.shared_on) run_gemm(plan.shared, true, plan.tensor_cores, plan.tile_m, stream);
+            break;
+        case MoeGroupedStage::shared_down:
+            if (plan.shared_on)
+                run_gemm(plan.shared, false, plan.tensor_cores, plan.tile_m, stream);
+            break;
+        case MoeGroupedStage::combine:
+            combine_kernel<<<unsigned(plan.T), 256, 0, stream>>>(plan.combine);
+            CUDA_CHECK_LAUNCH();
+            break;
+    }
+}
+
+}  // namespace
+
+bool grouped_tensor_cores_supported(const MoeExpertsParams& p) {
+    const int64_t x_stride = p.x_stride ? p.x_stride : p.layout.n_embd;
+    return weights_vec_aligned(p) && p.layout.n_embd % 16 == 0 && p.layout.n_ff % 16 == 0 &&
+           (!has_shared(p) || p.shared.n_ff % 16 == 0) && x_stride % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+}
+
+size_t grouped_workspace_bytes(const MoeExpertsParams& p) {
+    return plan_workspace(p, nullptr).bytes;
+}
+
+void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream) {
+    const GroupedPlan plan = plan_grouped(p, ws, ws_bytes);
+    for (MoeGroupedStage s :
+         {MoeGroupedStage::sort, MoeGroupedStage::x_to_bf16, MoeGroupedStage::gate_up,
+          MoeGroupedStage::down, MoeGroupedStage::shared_gate_up, MoeGroupedStage::shared_down,
+          MoeGroupedStage::combine})
+        run_stage(plan, p, s, stream);
+}
+
+void grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* ws, size_t ws_bytes,
+                   cudaStream_t stream) {
+    run_stage(plan_grouped(p, ws, ws_bytes), p, stage, stream);
 }
 
 }  // namespace minids::kernels::moe_detail

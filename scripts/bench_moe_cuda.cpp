@@ -6,7 +6,9 @@
 //     measured device copy bandwidth. Consecutive calls route to disjoint expert sets and rotate
 //     over four shared-expert copies, so the weights come from HBM, not the 50 MB L2;
 //   prefill (T = 512, also 128 and 2048): the grouped path, tensor cores with each tile size and
-//     the FP32 reference kernels; ms per call and TFLOP/s.
+//     both GEMM kernels (staged, pipelined), and the FP32 reference kernels; ms per call and
+//     TFLOP/s; then each launch of the grouped path alone (moe_grouped_stage) for both kernels at
+//     tile_m 64: µs per launch, TB/s of weight bytes, TFLOP/s.
 // Median of repeats after warm-up. A compact summary closes the output.
 #include <cstdio>
 #include <vector>
@@ -140,6 +142,7 @@ struct RoutingSets {
     float* weights = nullptr;
     int sets;
     int64_t T;
+    int64_t active = 0;  // experts chosen by at least one token of the first set
     RoutingSets(int n_sets, int64_t tokens, uint64_t seed) : sets(n_sets), T(tokens) {
         std::mt19937_64 rng(seed);
         std::vector<int32_t> order(static_cast<size_t>(E)), ids_h;
@@ -155,6 +158,9 @@ struct RoutingSets {
                     ids_h.insert(ids_h.end(), order.begin(), order.begin() + K);
                 }
             }
+        std::vector<bool> used(static_cast<size_t>(E), false);
+        for (int64_t i = 0; i < T * K; ++i) used[size_t(ids_h[size_t(i)])] = true;
+        active = std::count(used.begin(), used.end(), true);
         std::vector<float> w_h(ids_h.size(), 1.0f / K);
         ids = static_cast<int32_t*>(dmalloc(ids_h.size() * 4, 0));
         weights = static_cast<float*>(dmalloc(w_h.size() * 4, 0));
@@ -222,6 +228,30 @@ std::string describe(const MoeDecodeConfig& c) {
                   c.gate_up_compact_grid ? "" : " (full grid)", c.down_warps, c.down_warps_per_row,
                   c.down_rows_per_warp, c.down_act_in_shared ? "" : ", act via L1");
     return buf;
+}
+
+// Median µs of one call(i) over batches of back-to-back calls (no host wait between the calls
+// of a batch, so launch gaps hide behind the previous kernel as in a prompt pass).
+template <typename Call>
+float batch_us(Call call, cudaStream_t stream) {
+    constexpr int per_batch = 10, batches = 7;
+    Events ev;
+    for (int i = 0; i < 3; ++i) call(i);  // warm-up
+    std::vector<float> us;
+    for (int b = 0; b < batches; ++b) {
+        CUDA_CHECK(cudaEventRecord(ev.a, stream));
+        for (int i = 0; i < per_batch; ++i) call(b * per_batch + i);
+        CUDA_CHECK(cudaEventRecord(ev.b, stream));
+        CUDA_CHECK(cudaEventSynchronize(ev.b));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a, ev.b));
+        us.push_back(ms * 1000.0f / per_batch);
+    }
+    return median(us);
+}
+
+const char* kernel_name(MoeGroupedKernel k) {
+    return k == MoeGroupedKernel::pipelined ? "pipelined" : "staged";
 }
 
 struct Best {
@@ -408,18 +438,22 @@ int main() {
                 struct Variant {
                     bool tc;
                     int tile_m;
+                    MoeGroupedKernel kernel;
                 };
-                std::vector<Variant> variants = {{true, 32}, {true, 64}, {true, 128}};
-                if (T == 512) variants.push_back({false, 64});
+                std::vector<Variant> variants;
+                for (MoeGroupedKernel k : {MoeGroupedKernel::staged, MoeGroupedKernel::pipelined})
+                    for (int tile_m : {32, 64, 128}) variants.push_back({true, tile_m, k});
+                if (T == 512) variants.push_back({false, 64, MoeGroupedKernel::staged});
                 for (const Variant& v : variants) {
                     p.grouped.tensor_cores = v.tc;
                     p.grouped.tile_m = v.tile_m;
+                    p.grouped.kernel = v.kernel;
                     const Timing t = time_calls([&](int) { moe_experts(p, ws, ws_bytes, stream); },
                                                 stream, v.tc ? 20 : 3, false);
                     const double tflops = flops / (t.eager_us * 1e-6) / 1e12;
                     char kernels[64];
                     std::snprintf(kernels, sizeof kernels, "%s tile_m %d",
-                                  v.tc ? "tensor cores" : "FP32 reference", v.tile_m);
+                                  v.tc ? kernel_name(v.kernel) : "FP32 reference", v.tile_m);
                     std::printf("| %ld | %s | %.3f | %.1f |\n", long(T), kernels, t.eager_us / 1e3,
                                 tflops);
                     if (T == 512) {
@@ -428,6 +462,86 @@ int main() {
                                       "prefill T=512 %s, %s: %.3f ms, %.1f TFLOP/s", name(type),
                                       kernels, t.eager_us / 1e3, tflops);
                         summary.push_back(line);
+                    }
+                }
+                cudaFree(ws);
+            }
+        }
+
+        // ---- prefill, one launch at a time ----
+        for (mgl::dtype type : {mgl::dtype::f8_e4m3, mgl::dtype::bf16}) {
+            Experts ex(type);
+            const double eb = double(mgl::dtype_size(type));
+            std::printf(
+                "\n## prefill launches, %s experts, tile_m 64 (moe_grouped_stage; weight TB/s "
+                "over the experts the tokens chose; the shared expert rotates over %d copies so "
+                "its weights come from HBM)\n\n",
+                name(type), n_shared_copies);
+            std::printf("| tokens | launch | kernel | us | weight TB/s | TFLOP/s |\n");
+            std::printf("|---|---|---|---|---|---|\n");
+            for (int64_t T : {128, 512, 2048}) {
+                RoutingSets sets(1, T, 21 + T);
+                MoeExpertsParams p;
+                p.expert_table = ex.table;
+                p.n_experts = E;
+                p.layout = ex.layout;
+                p.ids = sets.ids;
+                p.weights = sets.weights;
+                p.k = int(K);
+                p.x = x;
+                p.out = out;
+                p.n_tokens = T;
+                p.shared = shared.copy(0);
+                p.path = MoePath::grouped;
+                p.grouped.kernel = MoeGroupedKernel::pipelined;  // the larger workspace
+                const size_t ws_bytes = moe_experts_workspace_bytes(p);
+                void* ws = dmalloc(ws_bytes, 0);
+                const double scale_bytes = type == mgl::dtype::f8_e4m3 ? 4.0 : 0.0;
+                const double a = double(sets.active), rows = double(T * K);
+                struct Launch {
+                    MoeGroupedStage stage;
+                    const char* name;
+                    double weight_bytes, flops;
+                };
+                const Launch launches[] = {
+                    {MoeGroupedStage::sort, "sort", 0, 0},
+                    {MoeGroupedStage::x_to_bf16, "x to bf16", 0, 0},
+                    {MoeGroupedStage::gate_up, "routed gate/up", a * 2 * F * (D * eb + scale_bytes),
+                     2.0 * rows * 2 * F * D},
+                    {MoeGroupedStage::down, "routed down", a * D * (F * eb + scale_bytes),
+                     2.0 * rows * D * F},
+                    {MoeGroupedStage::shared_gate_up, "shared gate/up", 2.0 * SH_F * D * 2,
+                     2.0 * double(T) * 2 * SH_F * D},
+                    {MoeGroupedStage::shared_down, "shared down", double(D) * SH_F * 2,
+                     2.0 * double(T) * D * SH_F},
+                    {MoeGroupedStage::combine, "combine", 0, 0},
+                };
+                for (MoeGroupedKernel k : {MoeGroupedKernel::staged, MoeGroupedKernel::pipelined}) {
+                    p.grouped.kernel = k;
+                    p.shared = shared.copy(0);
+                    moe_experts(p, ws, ws_bytes, stream);  // the sort and activations to re-run on
+                    for (const Launch& l : launches) {
+                        if (l.stage == MoeGroupedStage::x_to_bf16 &&
+                            k != MoeGroupedKernel::pipelined)
+                            continue;
+                        const float us = batch_us(
+                            [&](int i) {
+                                p.shared = shared.copy(i);
+                                moe_grouped_stage(p, l.stage, ws, ws_bytes, stream);
+                            },
+                            stream);
+                        const double tbs = l.weight_bytes / (us * 1e-6) / 1e12;
+                        const double tflops = l.flops / (us * 1e-6) / 1e12;
+                        std::printf("| %ld | %s | %s | %.1f | %.2f | %.1f |\n", long(T), l.name,
+                                    kernel_name(k), us, tbs, tflops);
+                        if (T == 512 && l.weight_bytes > 0) {
+                            char line[160];
+                            std::snprintf(line, sizeof line,
+                                          "prefill T=512 %s %s, %s: %.1f us, %.2f TB/s, %.1f "
+                                          "TFLOP/s",
+                                          name(type), l.name, kernel_name(k), us, tbs, tflops);
+                            summary.push_back(line);
+                        }
                     }
                 }
                 cudaFree(ws);

@@ -326,6 +326,31 @@ TEST_CASE("mgl cuda MoE decode tuning from MINIDS_MOE_DECODE (host only)") {
         unsetenv("MINIDS_MOE_DECODE");
 }
 
+TEST_CASE("mgl cuda grouped MoE kernel from MINIDS_MOE_GROUPED (host only)") {
+    using minids::kernels::MoeGroupedKernel;
+    const char* old = std::getenv("MINIDS_MOE_GROUPED");
+    const std::string saved = old ? old : "";
+    unsetenv("MINIDS_MOE_GROUPED");
+    CHECK(mgl::cuda::moe_grouped_kernel_from_env() ==
+          minids::kernels::moe_grouped_default_kernel());
+    CHECK(minids::kernels::MoeGroupedConfig{}.kernel ==
+          minids::kernels::moe_grouped_default_kernel());
+    setenv("MINIDS_MOE_GROUPED", "", 1);
+    CHECK(mgl::cuda::moe_grouped_kernel_from_env() ==
+          minids::kernels::moe_grouped_default_kernel());
+    setenv("MINIDS_MOE_GROUPED", "pipelined", 1);
+    CHECK(mgl::cuda::moe_grouped_kernel_from_env() == MoeGroupedKernel::pipelined);
+    setenv("MINIDS_MOE_GROUPED", "staged", 1);
+    CHECK(mgl::cuda::moe_grouped_kernel_from_env() == MoeGroupedKernel::staged);
+    setenv("MINIDS_MOE_GROUPED", "pipeline", 1);  // a typo is an error, not a silent default
+    CHECK_THROWS_WITH_AS(mgl::cuda::moe_grouped_kernel_from_env(),
+                         doctest::Contains("expected staged or pipelined"), mgl::error);
+    if (old)
+        setenv("MINIDS_MOE_GROUPED", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_MOE_GROUPED");
+}
+
 TEST_CASE("mgl cuda fusion planner (host only): no fusion of a graph output or a shared product") {
     auto cpu_be = mgl::make_cpu_backend(1);
     side s(*cpu_be);

@@ -117,6 +117,16 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c) {
     }
 }
 
+minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env() {
+    using minids::kernels::MoeGroupedKernel;
+    const char* v = std::getenv("MINIDS_MOE_GROUPED");
+    if (!v || !*v) return minids::kernels::moe_grouped_default_kernel();
+    const std::string s = v;
+    if (s == "staged") return MoeGroupedKernel::staged;
+    if (s == "pipelined") return MoeGroupedKernel::pipelined;
+    throw error("MINIDS_MOE_GROUPED: unknown kernel '" + s + "' (expected staged or pipelined)");
+}
+
 namespace {
 
 bool inner_contiguous_f32(const tensor& t) {

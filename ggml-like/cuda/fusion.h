@@ -34,6 +34,7 @@
 
 #include "mgl-cuda.h"
 #include "mgl.h"
+#include "moe.h"
 
 namespace minids::kernels {
 struct MoeDecodeConfig;
@@ -61,6 +62,11 @@ precise_switches precise_switches_from_env();
 // MoeDecodeConfig; the launcher checks the values). An unknown key or a value that is not a
 // number is an error.
 void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
+
+// MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
+// or pipelined (kernels/moe.h, MoeGroupedKernel); unset or empty keeps
+// moe_grouped_default_kernel(). Anything else is an error.
+minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env();
 
 struct route_group {
     tensor* softmax = nullptr;

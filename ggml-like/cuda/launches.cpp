@@ -79,6 +79,12 @@ const kn::MoeDecodeConfig& moe_decode_config() {
     return c;
 }
 
+// MINIDS_MOE_GROUPED (fusion.h), read once.
+kn::MoeGroupedKernel moe_grouped_kernel() {
+    static const kn::MoeGroupedKernel k = moe_grouped_kernel_from_env();
+    return k;
+}
+
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
 // a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
 // dependent only when the weight is such data (a weight a node computes could still be in flight).
@@ -481,6 +487,7 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     }
     if (precise().moe) p.grouped.tensor_cores = false;
     p.decode = moe_decode_config();
+    p.grouped.kernel = moe_grouped_kernel();
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
     if (add) what += "+add";
