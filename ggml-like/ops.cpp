@@ -259,8 +259,9 @@ namespace {
 
 void check_pages(const tensor* pages, const tensor* page_table, const char* op) {
     MGL_CHECK(
-        pages && pages->n_dims == 3 && (pages->type == dtype::f32 || pages->type == dtype::bf16),
-        std::string(op) + ": pages must be f32/bf16 [n_pages, page_size, r + rope]");
+        pages && pages->n_dims == 3 &&
+            (pages->type == dtype::f32 || pages->type == dtype::bf16 || pages->type == dtype::f16),
+        std::string(op) + ": pages must be f32/bf16/f16 [n_pages, page_size, r + rope]");
     check_i32_vector(page_table, op, "page_table");
 }
 

@@ -3,7 +3,8 @@
 //
 // The cache of one layer is a pool of pages, each page `page_size` rows of `width = r + rope`
 // values (r = kv_lora_rank, rope = qk_rope_head_dim; 512 + 64 for V2/V2-Lite), rows contiguous,
-// f32 or bf16 (bf16 stored rounded to nearest even, like mgl::f32_to_bf16):
+// f32, bf16 or f16 (16-bit types stored rounded to nearest even, like mgl::f32_to_bf16 and
+// mgl::f32_to_f16):
 //
 //     pages       [n_pages, page_size, r + rope]     a row = [ c (r) | k_pe (rope) ]
 //     page_table  [max_pages] i32                    logical page p -> physical page
@@ -43,7 +44,7 @@ namespace minids::kernels {
 // One layer's paged latent cache (device pointers).
 struct MlaCache {
     void* pages = nullptr;               // [n_pages, page_size, r + rope], contiguous
-    mgl::dtype type = mgl::dtype::bf16;  // f32 or bf16
+    mgl::dtype type = mgl::dtype::bf16;  // f32, bf16 or f16
     int64_t n_pages = 0;
     int64_t page_size = 0;
     const int32_t* page_table = nullptr;  // [max_pages]
@@ -53,7 +54,7 @@ struct MlaCache {
 };
 
 // ---------------------------------------------------------------------------------------------
-// kv_store: pages[row of positions[t]] = [c[t] | k_pe[t]] for t < T (rounded when bf16).
+// kv_store: pages[row of positions[t]] = [c[t] | k_pe[t]] for t < T (rounded when bf16 / f16).
 // ---------------------------------------------------------------------------------------------
 struct KvStoreParams {
     MlaCache cache;
@@ -81,12 +82,14 @@ void kv_store(const KvStoreParams& p, cudaStream_t stream);
 // with one split the attention kernel writes `out` directly and the merge kernel exits.
 //
 // Kernels:
-//   tensor_core: mma.sync m16n8k16 bf16 with f32 accumulate. q is rounded to bf16 (and f32 pages
-//                are rounded when loaded), and probabilities are rounded to bf16 for P·V:
-//                relative error ~1e-3 (tests bound 1e-2). Needs r, rope multiples of 8.
-//   cuda_core:   f32 math throughout (tests bound 1e-5 with f32 pages); the reference, and the
-//                f32-cache decode path.
-//   automatic:   decode: tensor_core for bf16 pages, the CUDA-core decode kernel
+//   tensor_core: mma.sync m16n8k16 with f32 accumulate, bf16 inputs over bf16 and f32 pages, f16
+//                inputs over f16 pages. q is rounded to that type (and f32 pages are rounded to
+//                bf16 when loaded), and probabilities are rounded to it for P·V: relative error
+//                ~1e-3 with bf16 (tests bound 1e-2), about 8x less with f16 (tests bound 2e-3).
+//                Needs r, rope multiples of 8.
+//   cuda_core:   f32 math throughout on the stored values (tests bound 1e-5 with f32 and f16
+//                pages); the reference, and the f32-cache decode path.
+//   automatic:   decode: tensor_core for bf16 and f16 pages, the CUDA-core decode kernel
 //                (mla_decode_simt) for f32 pages; prefill: tensor_core.
 // Limits (both): r <= 512, rope <= 128, r and rope multiples of 8.
 // ---------------------------------------------------------------------------------------------
@@ -129,8 +132,8 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H);
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream);
 
 // The CUDA-core decode kernel (kernels/mla_decode_simt.cu): latency-first, for few query rows
-// (tiles of 4 rows of T·H), r <= 512, cache rows <= 1152 bytes (bf16) / 2304 (f32). mla_decode
-// with impl automatic takes it for f32 pages; its workspace fits in
+// (tiles of 4 rows of T·H), r <= 512, cache rows <= 1152 bytes (bf16, f16) / 2304 (f32).
+// mla_decode with impl automatic takes it for f32 pages; its workspace fits in
 // mla_attn_workspace_bytes.
 bool mla_decode_simt_supported(const MlaAttnParams& p);
 size_t mla_decode_simt_workspace_bytes(int64_t rows, int64_t r, int max_splits);

@@ -1,6 +1,7 @@
 // MLA attention launchers (mla.h), the f32 CUDA-core kernel and the split merge. The tensor-core
 // kernel lives in mla_attn_tc.cuh.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <algorithm>
 
 #include <string>
@@ -21,8 +22,8 @@ constexpr int simt_keys = 32;
 constexpr int simt_threads = 256;
 
 // Elements between cache rows in shared memory: >= width, rows 16-byte aligned, and the rows of
-// consecutive keys (lanes) spread over the banks: 16 bytes mod 128 (f32), 16 mod 128 (bf16,
-// 8-byte reads: a 2-way conflict, acceptable for the reference path).
+// consecutive keys (lanes) spread over the banks: 16 bytes mod 128 (f32), 16 mod 128 (bf16 and
+// f16, 8-byte reads: a 2-way conflict, acceptable for the reference path).
 template <typename PageT>
 __host__ __device__ inline int simt_row_stride(int width) {
     return sizeof(PageT) == 4 ? (width + 31) / 32 * 32 + 4 : (width + 63) / 64 * 64 + 8;
@@ -42,8 +43,15 @@ __device__ inline float4 load4(const __nv_bfloat16* p) {
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
+__device__ inline float4 load4(const __half* p) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
 __device__ inline float to_f32(float v) { return v; }
 __device__ inline float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float to_f32(__half v) { return __half2float(v); }
 __device__ inline float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
@@ -285,8 +293,8 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
     const int64_t r = c.kv_lora_rank, rope = c.rope_dim;
     if (!c.pages || !c.page_table || !p.positions || !p.q_lat || !p.q_pe || !p.out)
         bad("a device pointer (pages, page_table, positions, q_lat, q_pe, out) is null");
-    if (c.type != mgl::dtype::f32 && c.type != mgl::dtype::bf16)
-        bad("pages must be f32 or bf16, got " + std::string(mgl::dtype_name(c.type)));
+    if (c.type != mgl::dtype::f32 && c.type != mgl::dtype::bf16 && c.type != mgl::dtype::f16)
+        bad("pages must be f32, bf16 or f16, got " + std::string(mgl::dtype_name(c.type)));
     if (r < 8 || r > 512 || r % 8 != 0 || rope < 8 || rope > 128 || rope % 8 != 0)
         bad("r = " + std::to_string(r) + ", rope = " + std::to_string(rope) +
             ": need multiples of 8 with 8 <= r <= 512 and 8 <= rope <= 128");
@@ -348,17 +356,30 @@ AttnArgs make_args(MlaKernel kernel, const MlaAttnParams& p) {
 
 // Decode with bf16 pages and r > 64 (every real model): 8 warps over the output columns (item 2)
 // was the quickest decode shape at 512, 4K and 32K keys on the H200 (bench_mla_cuda); it is built
-// only for that case, so everything else takes item 0.
+// only for 16-bit pages (bf16, and f16 with the same shape and bytes), so everything else takes
+// item 0.
 int default_variant(MlaKernel kernel, const MlaAttnParams& p) {
-    const bool wide_bf16 = p.cache.type == mgl::dtype::bf16 && p.cache.kv_lora_rank > 64;
-    return kernel == MlaKernel::decode && wide_bf16 ? 2 : 0;
+    const bool wide_16bit = (p.cache.type == mgl::dtype::bf16 || p.cache.type == mgl::dtype::f16) &&
+                            p.cache.kv_lora_rank > 64;
+    return kernel == MlaKernel::decode && wide_16bit ? 2 : 0;
+}
+
+// The simt kernel (and its shared memory) for pages of PageT.
+template <typename PageT>
+void launch_simt(const AttnArgs& a, const MlaAttnParams& p, cudaStream_t stream) {
+    const size_t smem = simt_smem_bytes<PageT>(a.r + a.rope);
+    auto k = mla_attn_simt_kernel<PageT>;
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    dim3 grid(unsigned((p.T * p.H + simt_rows - 1) / simt_rows), unsigned(p.max_splits));
+    k<<<grid, simt_threads, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
 }
 
 void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
     const AttnArgs a = make_args(kernel, p);
     MlaImpl impl = p.impl;
     if (impl == MlaImpl::automatic) {
-        impl = (kernel == MlaKernel::prefill || p.cache.type == mgl::dtype::bf16)
+        impl = (kernel == MlaKernel::prefill || p.cache.type != mgl::dtype::f32)
                    ? MlaImpl::tensor_core
                    : MlaImpl::cuda_core;
     }
@@ -370,22 +391,20 @@ void run(MlaKernel kernel, const MlaAttnParams& p, cudaStream_t stream) {
             bad("variant " + std::to_string(p.variant) + " out of range (" +
                 std::to_string(list.count) + " variants)");
         const TcVariant& tv = list.items[v];
-        const bool bf16 = p.cache.type == mgl::dtype::bf16;
-        TcLaunchFn fn = bf16 ? tv.bf16_512 : tv.f32_512;
-        if (a.r <= 64 && (bf16 ? tv.bf16_64 : tv.f32_64)) fn = bf16 ? tv.bf16_64 : tv.f32_64;
+        const TcInstances& in = p.cache.type == mgl::dtype::bf16  ? tv.bf16
+                                : p.cache.type == mgl::dtype::f16 ? tv.f16
+                                                                  : tv.f32;
+        TcLaunchFn fn = a.r <= 64 && in.r64 ? in.r64 : in.r512;
         if (!fn)
             bad(std::string("tensor-core variant '") + tv.name + "' is not built for " +
                 mgl::dtype_name(p.cache.type) + " pages");
         fn(a, p.max_splits, stream);
+    } else if (p.cache.type == mgl::dtype::bf16) {
+        launch_simt<__nv_bfloat16>(a, p, stream);
+    } else if (p.cache.type == mgl::dtype::f16) {
+        launch_simt<__half>(a, p, stream);
     } else {
-        const bool bf16 = p.cache.type == mgl::dtype::bf16;
-        const size_t smem = bf16 ? simt_smem_bytes<__nv_bfloat16>(a.r + a.rope)
-                                 : simt_smem_bytes<float>(a.r + a.rope);
-        auto k = bf16 ? mla_attn_simt_kernel<__nv_bfloat16> : mla_attn_simt_kernel<float>;
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        dim3 grid(unsigned((p.T * p.H + simt_rows - 1) / simt_rows), unsigned(p.max_splits));
-        k<<<grid, simt_threads, smem, stream>>>(a);
-        CUDA_CHECK_LAUNCH();
+        launch_simt<float>(a, p, stream);
     }
     if (p.max_splits > 1) {
         const dim3 grid(unsigned(p.T * p.H), unsigned((a.r + merge_cols - 1) / merge_cols));
@@ -413,9 +432,10 @@ int mla_attn_default_max_splits(MlaKernel kernel, int64_t T, int64_t H) {
 }
 
 void mla_decode(const MlaAttnParams& p, cudaStream_t stream) {
-    // bf16 pages: the tensor-core kernel at every length (measured faster than the CUDA-core
-    // decode kernel from 512 to 32K keys, docs/perf.md); f32 pages keep FP32 math.
-    if (p.impl == MlaImpl::automatic && p.cache.type != mgl::dtype::bf16 &&
+    // bf16 (and f16) pages: the tensor-core kernel at every length (measured faster than the
+    // CUDA-core decode kernel from 512 to 32K keys with bf16, docs/perf.md); f32 pages keep FP32
+    // math.
+    if (p.impl == MlaImpl::automatic && p.cache.type == mgl::dtype::f32 &&
         mla_decode_simt_supported(p))
         return mla_decode_simt(p, stream);
     mla_detail::run(MlaKernel::decode, p, stream);

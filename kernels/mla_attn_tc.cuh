@@ -4,17 +4,21 @@
 // One block = one tile of ROWS query rows (row = t·H + h) and one split of the keys. Per key tile
 // of KT cache rows (cp.async, STAGES deep; f32 pages are converted to bf16 on the way):
 //   S = Q·Kᵀ    warps (wm, wn): rows of row group wm, keys slice wn      (mma m16n8k16)
-//   online softmax in base 2: row max across the WN warps through shared memory, P (bf16) to
+//   online softmax in base 2: row max across the WN warps through shared memory, P (16-bit) to
 //               shared memory, each warp keeps its own partial row sums
 //   O += P·V    warps (wm, wn): rows of wm, output dims slice wn (V = the first r columns)
+// The products take 16-bit inputs of one type E (TcElem): f16 over f16 pages, bf16 otherwise;
+// Q and P are rounded to E, the accumulators are f32.
 // Q and K rows are zero-padded to a multiple of 16 columns; rows in shared memory are an odd
 // number of 16-byte units apart, so ldmatrix reads are free of bank conflicts.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cp_async.cuh"
 #include "cuda_check.h"
@@ -35,13 +39,13 @@ struct TcShape {
     static constexpr int s_ntiles = keys_per_warp / 8;
     static constexpr int dims_per_warp = R_PAD / WN;
     static constexpr int o_ntiles = dims_per_warp / 8;
-    static constexpr int p_stride = KT + 8;  // bf16 elements; an odd number of 16-byte units
+    static constexpr int p_stride = KT + 8;  // 16-bit elements; an odd number of 16-byte units
     static_assert(keys_per_warp % 8 == 0 && KT % 16 == 0, "key tile must split into n8 tiles");
     static_assert(dims_per_warp % 16 == 0, "output slice must be a multiple of 16 columns");
     static_assert(STAGES >= 2, "at least double buffering");
 };
 
-// bf16 elements between rows of Q and K in shared memory: >= the padded width and >= R_PAD
+// 16-bit elements between rows of Q and K in shared memory: >= the padded width and >= R_PAD
 // (P·V reads R_PAD columns), and an odd multiple of 8 elements (16 bytes).
 __host__ __device__ inline int tc_row_stride(int r, int rope, int r_pad) {
     const int wpad = (r + rope + 15) / 16 * 16;
@@ -74,12 +78,32 @@ __device__ inline void ldsm_x4_trans(uint32_t (&d)[4], const void* p) {
                  : "r"(smem_u32(p))
                  : "memory");
 }
-// c += a·b, 16x16 (row) x 16x8 (col) bf16, f32 accumulate.
-__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// The 16-bit type the tensor cores multiply over pages of PageT: f16 pages keep their values
+// (10 mantissa bits; q and P rounded to f16 too), f32 and bf16 pages go through bf16.
+template <typename PageT>
+struct TcElem {
+    using type = __nv_bfloat16;
+};
+template <>
+struct TcElem<__half> {
+    using type = __half;
+};
+
+// c += a·b, 16x16 (row) x 16x8 (col) of E (bf16 or f16), f32 accumulate.
+template <typename E>
+__device__ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same_v<E, __half>) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 or f16 inputs");
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 }
 // A row's 16-byte chunks c = 0 .. N-1 (those with lane + 32·c < chunks): this lane's chunk c
 // sits 512·c bytes (32 lanes x 16) after dst_smem and after src.
@@ -91,19 +115,25 @@ __device__ inline void cp_async_row(uint32_t dst_smem, const void* src, int src_
         cp_async_row<C + 1, N>(dst_smem, src, src_bytes, lane, chunks);
     }
 }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+// (lo, hi) rounded to nearest even as two E in one register, lo in the low half.
+template <typename E>
+__device__ inline uint32_t pack2(float lo, float hi) {
+    if constexpr (std::is_same_v<E, __half>) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    }
 }
 
-// Loads KT cache rows starting at key k0 into `dst` (bf16, row stride ks); keys >= k_end or
+// Loads KT cache rows starting at key k0 into `dst` (E, row stride ks); keys >= k_end or
 // unmapped read as zeros. Warp w takes rows w, w + warps, ...; lane j first looks up the cache
 // row of the warp's j-th key, so a tile's page-table reads go out together (cp.async's memory
 // clobber would otherwise order each lookup behind the previous row's copies). Lanes then copy
 // 16-byte chunks of each row (coalesced); width <= R_PAD + 128 bounds the chunks per lane.
-template <class S, typename PageT>
-__device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int ks, int k0,
-                                    int k_end) {
+template <class S, typename PageT, typename E = typename TcElem<PageT>::type>
+__device__ inline void load_kv_tile(const AttnArgs& a, E* dst, int ks, int k0, int k_end) {
     constexpr int rows_per_warp = S::KT / S::warps;
     static_assert(S::KT % S::warps == 0 && rows_per_warp <= 32, "one lookup per lane");
     constexpr int per_chunk = 16 / int(sizeof(PageT));  // elements per 16-byte global load
@@ -118,6 +148,7 @@ __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int k
     }
     const PageT* pages = static_cast<const PageT*>(a.pages) + lane * per_chunk;
     if constexpr (sizeof(PageT) == 2) {
+        static_assert(std::is_same_v<PageT, E>, "16-bit pages are copied as they are");
         uint32_t d = smem_u32(dst + warp * ks + lane * per_chunk);
         // Fully unrolled, 16 rows or 64 columns per warp held more registers than before.
         constexpr int row_unroll = rows_per_warp <= 8 && S::R_PAD == 512 ? rows_per_warp : 2;
@@ -131,7 +162,7 @@ __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int k
     } else {
         // f32 pages pass through registers: one row at a time keeps the loads in flight (and
         // the registers) to chunk_iters per lane.
-        __nv_bfloat16* d = dst + warp * ks + lane * per_chunk;
+        E* d = dst + warp * ks + lane * per_chunk;
 #pragma unroll 1
         for (int j = 0; j < rows_per_warp; ++j, d += S::warps * ks) {
             const int row = __shfl_sync(0xffffffffu, lane_row, j);
@@ -146,19 +177,18 @@ __device__ inline void load_kv_tile(const AttnArgs& a, __nv_bfloat16* dst, int k
             for (int c = 0; c < chunk_iters; ++c)
                 if (lane + 32 * c < chunks)
                     *reinterpret_cast<uint2*>(d + 32 * c * per_chunk) =
-                        uint2{pack_bf16(v[c].x, v[c].y), pack_bf16(v[c].z, v[c].w)};
+                        uint2{pack2<E>(v[c].x, v[c].y), pack2<E>(v[c].z, v[c].w)};
         }
     }
 }
 
-// Q rows row0 .. row0 + ROWS - 1 (row = t·H + h) as bf16 into q_s (row stride ks): q_lat in
+// Q rows row0 .. row0 + ROWS - 1 (row = t·H + h) as E into q_s (row stride ks): q_lat in
 // columns [0, r), q_pe in [r, r + rope), zeros up to ks, and all zeros for rows past rows_total.
 // Warp w takes rows w, w + warps, ..., two at a time with all their loads issued before any
 // conversion; lane l converts q_lat columns [8l, 8l + 8), [8l + 256, ...), ... and q_pe columns
 // [8l, 8l + 8) (r and rope are multiples of 8, r <= R_PAD, rope <= 128). VEC: float4 loads.
-template <class S, bool VEC>
-__device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, int row0,
-                               int rows_total) {
+template <class S, bool VEC, typename E>
+__device__ inline void stage_q(const AttnArgs& a, E* q_s, int ks, int row0, int rows_total) {
     constexpr int rows_per_warp = S::rows / S::warps;
     constexpr int batch = rows_per_warp >= 2 ? 2 : 1;  // rows with loads in flight
     static_assert(S::rows % S::warps == 0 && rows_per_warp % batch == 0, "whole rows per warp");
@@ -177,9 +207,9 @@ __device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, in
             for (int e = 0; e < 8; ++e) v[e] = src[e];
         }
     };
-    auto store8 = [](__nv_bfloat16* dst, const float(&v)[8]) {
-        *reinterpret_cast<uint4*>(dst) = uint4{pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
-                                               pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7])};
+    auto store8 = [](E* dst, const float(&v)[8]) {
+        *reinterpret_cast<uint4*>(dst) = uint4{pack2<E>(v[0], v[1]), pack2<E>(v[2], v[3]),
+                                               pack2<E>(v[4], v[5]), pack2<E>(v[6], v[7])};
     };
 #pragma unroll 1
     for (int rb = 0; rb < rows_per_warp; rb += batch) {
@@ -204,7 +234,7 @@ __device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, in
         }
 #pragma unroll
         for (int b = 0; b < batch; ++b) {
-            __nv_bfloat16* dst = q_s + (warp + (rb + b) * S::warps) * ks;
+            E* dst = q_s + (warp + (rb + b) * S::warps) * ks;
 #pragma unroll
             for (int u = 0; u < lat_iters; ++u)
                 if (col + 256 * u < a.r) store8(dst + col + 256 * u, v[b][u]);
@@ -219,13 +249,14 @@ __device__ inline void stage_q(const AttnArgs& a, __nv_bfloat16* q_s, int ks, in
 template <class S, typename PageT>
 __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnArgs a) {
     pdl_enter();
+    using E = typename TcElem<PageT>::type;
     constexpr int ROWS = S::rows, KT = S::KT, WN = S::WN, MT = S::MT;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int n_keys_slot;
     const int ks = tc_row_stride(a.r, a.rope, S::R_PAD);
-    __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
-    __nv_bfloat16* kv_s = q_s + ROWS * ks;
-    __nv_bfloat16* p_s = kv_s + S::STAGES * KT * ks;
+    E* q_s = reinterpret_cast<E*>(smem);
+    E* kv_s = q_s + ROWS * ks;
+    E* p_s = kv_s + S::STAGES * KT * ks;
     float* red_max = reinterpret_cast<float*>(p_s + ROWS * S::p_stride);  // [WN][ROWS]
     float* red_sum = red_max + WN * ROWS;                                 // [WN][ROWS]
     int* lim_s = reinterpret_cast<int*>(red_sum + WN * ROWS);             // [ROWS]
@@ -266,13 +297,13 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         cp_async_commit();
     }
 
-    // Q as bf16, zero-padded to ks columns. The zero padding columns [width, ks) of every K
+    // Q as E, zero-padded to ks columns. The zero padding columns [width, ks) of every K
     // stage (never written by the loads; a multiple of 8 columns) are set here too, one row per
     // thread; the main loop's first barrier publishes both.
     if (a.q_vec4) {
-        stage_q<S, true>(a, q_s, ks, row0, rows_total);
+        stage_q<S, true, E>(a, q_s, ks, row0, rows_total);
     } else {
-        stage_q<S, false>(a, q_s, ks, row0, rows_total);
+        stage_q<S, false, E>(a, q_s, ks, row0, rows_total);
     }
     for (int kr = tid; kr < S::STAGES * KT; kr += S::threads)
 #pragma unroll 1
@@ -311,7 +342,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                                        s_end);
             cp_async_commit();
         }
-        const __nv_bfloat16* kv = kv_s + (tile % S::STAGES) * KT * ks;
+        const E* kv = kv_s + (tile % S::STAGES) * KT * ks;
         const int tile_k0 = s_begin + tile * KT;
 
         // S = Q·Kᵀ for this warp's rows and keys slice.
@@ -322,7 +353,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
             for (int n = 0; n < S::s_ntiles; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s_acc[mt][n][e] = 0.f;
-        const __nv_bfloat16* k_warp = kv + (wn * S::keys_per_warp) * ks;
+        const E* k_warp = kv + (wn * S::keys_per_warp) * ks;
 #pragma unroll 2
         for (int kstep = 0; kstep < k_steps; ++kstep) {
             const int k0 = kstep * 16;
@@ -338,8 +369,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                                 ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
-                    mma_bf16(s_acc[mt][n + 1], af[mt], bf[2], bf[3]);
+                    mma_16816<E>(s_acc[mt][n], af[mt], bf[0], bf[1]);
+                    mma_16816<E>(s_acc[mt][n + 1], af[mt], bf[2], bf[3]);
                 }
             }
             if constexpr (S::s_ntiles % 2 == 1) {
@@ -347,7 +378,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                 uint32_t bf[2];
                 ldsm_x2(bf, k_warp + (n * 8 + lane % 8) * ks + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma_bf16(s_acc[mt][n], af[mt], bf[0], bf[1]);
+                for (int mt = 0; mt < MT; ++mt) mma_16816<E>(s_acc[mt][n], af[mt], bf[0], bf[1]);
             }
         }
 
@@ -375,7 +406,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
         }
         __syncthreads();
 
-        // New running max; P = 2^(s - m) to shared memory (bf16); rescale O and the sums.
+        // New running max; P = 2^(s - m) to shared memory (E); rescale O and the sums.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -395,7 +426,7 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                     const float p1 = exp2f(s_acc[mt][n][hh * 2 + 1] - m_use);
                     sum += p0 + p1;
                     *reinterpret_cast<uint32_t*>(p_s + lr * S::p_stride + wn * S::keys_per_warp +
-                                                 n * 8 + c4 * 2) = pack_bf16(p0, p1);
+                                                 n * 8 + c4 * 2) = pack2<E>(p0, p1);
                 }
                 l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
 #pragma unroll
@@ -422,8 +453,8 @@ __global__ void __launch_bounds__(S::threads, 1) mla_attn_tc_kernel(const AttnAr
                                       wn * S::dims_per_warp + n * 8 + (lane / 16) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(o_acc[mt][n], af[mt], bf[0], bf[1]);
-                    mma_bf16(o_acc[mt][n + 1], af[mt], bf[2], bf[3]);
+                    mma_16816<E>(o_acc[mt][n], af[mt], bf[0], bf[1]);
+                    mma_16816<E>(o_acc[mt][n + 1], af[mt], bf[2], bf[3]);
                 }
             }
         }

@@ -6,6 +6,7 @@ namespace minids::kernels::mla_detail {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 // TcShape<MT, WM, WN, KT, STAGES, R_PAD>
 using D0 = TcShape<1, 1, 4, 64, 2, 512>;  // 128 threads, ~170 KB smem: 1 block/SM
 using D0s = TcShape<1, 1, 4, 64, 2, 64>;
@@ -15,14 +16,23 @@ using D2 = TcShape<1, 1, 8, 64, 2, 512>;  // 256 threads
 using D3 = TcShape<1, 1, 4, 32, 2, 512>;  // ~95 KB smem: 2 blocks/SM
 using D3s = TcShape<1, 1, 4, 32, 2, 64>;
 
+template <class S, class Small, typename PageT>
+constexpr TcInstances instances() {
+    return {launch_tc_instance<S, PageT>, launch_tc_instance<Small, PageT>};
+}
+constexpr TcInstances none{nullptr, nullptr};
+
+// f16 pages: the shapes the defaults pick (item 0, and item 2 for r > 64), so that every f16
+// run has its kernel without doubling the build time of the others.
 const TcVariant variants[] = {
-    {"rows16 warps1x4 keys64 stages2", launch_tc_instance<D0, bf16>, launch_tc_instance<D0s, bf16>,
-     launch_tc_instance<D0, float>, launch_tc_instance<D0s, float>},
-    {"rows16 warps1x4 keys32 stages4", launch_tc_instance<D1, bf16>, launch_tc_instance<D1s, bf16>,
-     nullptr, nullptr},
-    {"rows16 warps1x8 keys64 stages2", launch_tc_instance<D2, bf16>, nullptr, nullptr, nullptr},
-    {"rows16 warps1x4 keys32 stages2", launch_tc_instance<D3, bf16>, launch_tc_instance<D3s, bf16>,
-     nullptr, nullptr},
+    {"rows16 warps1x4 keys64 stages2", instances<D0, D0s, bf16>(), instances<D0, D0s, float>(),
+     instances<D0, D0s, f16>()},
+    {"rows16 warps1x4 keys32 stages4", instances<D1, D1s, bf16>(), none, none},
+    {"rows16 warps1x8 keys64 stages2",
+     {launch_tc_instance<D2, bf16>, nullptr},
+     none,
+     {launch_tc_instance<D2, f16>, nullptr}},
+    {"rows16 warps1x4 keys32 stages2", instances<D3, D3s, bf16>(), none, none},
 };
 
 }  // namespace

@@ -7,7 +7,7 @@
 //   of
 //            every row of the tile; chunk and the number of splits used are computed on the device
 //            from positions[] (few splits for a short context, all of them for a long one), so
-//            one captured graph serves every step. Scores in FP32 from the bf16/f32 cache rows,
+//            one captured graph serves every step. Scores in FP32 from the bf16/f16/f32 rows,
 //            online softmax (base 2), o += p·c. One split: the output is written directly.
 //   kernel 2, grid (rows, r / 64): out = Σ_s 2^(m_s − m)·o_s / Σ_s 2^(m_s − m)·l_s.
 //
@@ -16,8 +16,10 @@
 // CUDA-core math (~1088 FMA per cached token and head) that exceeds the bandwidth floor at long
 // contexts: a tensor-core version is what 32K contexts would want (docs/perf.md).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda_check.h"
 #include "mla.h"
@@ -34,7 +36,7 @@ constexpr int kMergeCols = 64;
 
 struct Args {
     const uint8_t* pages;
-    bool bf16;
+    mgl::dtype type;  // of the pages: f32, bf16 or f16 (host side)
     int page_size, max_pages, n_pages;
     int page_shift;  // log2(page_size) when it is a power of two, else -1
     const int32_t* page_table;
@@ -76,16 +78,37 @@ __device__ inline Plan plan_of(const Args& a, int tile) {
     return p;
 }
 
-// Shared memory: q [kRows][W] f32 (pre-scaled), k [kKeys][kw] (bf16 pairs or f32 words; kw odd,
-// so the 8 keys x 4 quarters a warp reads in one step hit 32 banks), p, row statistics.
-__host__ __device__ inline int k_stride_words(bool bf16, int width) {
-    return (bf16 ? (width + 1) / 2 : width) | 1;
+// Shared memory: q [kRows][W] f32 (pre-scaled), k [kKeys][kw] (pairs of 16-bit values or f32
+// words; kw odd, so the 8 keys x 4 quarters a warp reads in one step hit 32 banks), p, row
+// statistics.
+__host__ __device__ inline int k_stride_words(bool pairs, int width) {
+    return (pairs ? (width + 1) / 2 : width) | 1;
 }
 
-// WC: the row width (r + rope) as a compile-time constant for the common shape (576: index
-// arithmetic becomes multiplies), or 0 for any width read from the arguments.
-template <bool BF16, int WC>
+// The two cache values in one 32-bit word of 16-bit pages: lo at the lower address, hi after it.
+template <typename PageT>
+__device__ inline float pair_lo(uint32_t u) {
+    if constexpr (std::is_same_v<PageT, __half>) {
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xffffu)));
+    } else {
+        return __uint_as_float(u << 16);
+    }
+}
+template <typename PageT>
+__device__ inline float pair_hi(uint32_t u) {
+    if constexpr (std::is_same_v<PageT, __half>) {
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
+    } else {
+        return __uint_as_float(u & 0xffff0000u);
+    }
+}
+
+// PageT: float, __nv_bfloat16 or __half. WC: the row width (r + rope) as a compile-time constant
+// for the common shape (576: index arithmetic becomes multiplies), or 0 for any width read from
+// the arguments.
+template <typename PageT, int WC>
 __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a) {
+    constexpr bool kPairs = sizeof(PageT) == 2;  // 16-bit values, two per 32-bit word
     extern __shared__ __align__(16) float smem[];
     const int tile = blockIdx.y, split = blockIdx.x, tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
@@ -97,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
     const int n_chunks = (key_end - key0 + kKeys - 1) / kKeys;
 
     const int W = WC ? WC : a.width, r = a.r;
-    const int kw = k_stride_words(BF16, W);
+    const int kw = k_stride_words(kPairs, W);
     float* q_s = smem;                                             // [kRows][W]
     uint32_t* k_s = reinterpret_cast<uint32_t*>(q_s + kRows * W);  // [kKeys][kw]
     float* p_s = reinterpret_cast<float*>(k_s + kKeys * kw);       // [kRows][kKeys]
@@ -107,9 +130,9 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
     int* lim_s = reinterpret_cast<int*>(l_s + kRows);              // [kRows]
 
     // Cache rows are fetched as 16-byte pieces: `pieces` per row, spread over the threads.
-    const int pieces = W * (BF16 ? 2 : 4) / 16;
+    const int pieces = W * (kPairs ? 2 : 4) / 16;
     const int total = kKeys * pieces;
-    constexpr int kMaxLoads = (kKeys * 1152 / 16 + kThreads - 1) / kThreads * (BF16 ? 1 : 2);
+    constexpr int kMaxLoads = (kKeys * 1152 / 16 + kThreads - 1) / kThreads * (kPairs ? 1 : 2);
     uint4 buf[kMaxLoads];
     auto page_of = [&](int pos) {
         return a.page_shift >= 0 ? pos >> a.page_shift : pos / a.page_size;
@@ -135,9 +158,9 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
         for (int j = 0; j < kMaxLoads; ++j) {
             const int pg = min(max(page[j], 0), a.n_pages - 1);
             const int64_t row = int64_t(pg) * a.page_size + slot_of(key[j]);
-            buf[j] =
-                __ldg(reinterpret_cast<const uint4*>(a.pages + row * int64_t(W) * (BF16 ? 2 : 4)) +
-                      piece[j]);
+            buf[j] = __ldg(
+                reinterpret_cast<const uint4*>(a.pages + row * int64_t(W) * (kPairs ? 2 : 4)) +
+                piece[j]);
         }
 #pragma unroll
         for (int j = 0; j < kMaxLoads; ++j) {
@@ -191,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
 
     // Scores: thread -> (row, key, quarter of the dims); the 4 quarters are adjacent lanes.
     const int s_quarter = tid % 4, s_key = (tid / 4) % kKeys, s_row = tid / (4 * kKeys);
-    const int n_words = BF16 ? W / 2 : W, q_words = (n_words + 3) / 4;
+    const int n_words = kPairs ? W / 2 : W, q_words = (n_words + 3) / 4;
     const int w_begin = s_quarter * q_words, w_end = min(n_words, w_begin + q_words);
     // Values: thread -> 2 columns, all rows.
     const int col = 2 * tid;
@@ -212,12 +235,12 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
             const float* qr = q_s + s_row * W;
             const uint32_t* kr = k_s + s_key * kw;
             float sa = 0.0f, sb = 0.0f;
-            if constexpr (BF16) {
+            if constexpr (kPairs) {
 #pragma unroll 4
                 for (int w = w_begin; w < w_end; ++w) {
                     const uint32_t u = kr[w];
-                    sa = fmaf(qr[2 * w], __uint_as_float(u << 16), sa);
-                    sb = fmaf(qr[2 * w + 1], __uint_as_float(u & 0xffff0000u), sb);
+                    sa = fmaf(qr[2 * w], pair_lo<PageT>(u), sa);
+                    sb = fmaf(qr[2 * w + 1], pair_hi<PageT>(u), sb);
                 }
             } else {
 #pragma unroll 4
@@ -265,10 +288,10 @@ __global__ void __launch_bounds__(kThreads) mla_decode_simt_kernel(const Args a)
 #pragma unroll
             for (int k = 0; k < kKeys; ++k) {
                 float v0, v1;
-                if constexpr (BF16) {
+                if constexpr (kPairs) {
                     const uint32_t u = k_s[k * kw + col / 2];
-                    v0 = __uint_as_float(u << 16);
-                    v1 = __uint_as_float(u & 0xffff0000u);
+                    v0 = pair_lo<PageT>(u);
+                    v1 = pair_hi<PageT>(u);
                 } else {
                     v0 = __uint_as_float(k_s[k * kw + col]);
                     v1 = __uint_as_float(k_s[k * kw + col + 1]);
@@ -362,8 +385,8 @@ __global__ void __launch_bounds__(kThreads) mla_decode_merge_kernel(const Args a
     }
 }
 
-size_t smem_bytes(bool bf16, int width) {
-    return size_t(kRows) * width * 4 + size_t(kKeys) * k_stride_words(bf16, width) * 4 +
+size_t smem_bytes(bool pairs, int width) {
+    return size_t(kRows) * width * 4 + size_t(kKeys) * k_stride_words(pairs, width) * 4 +
            size_t(kRows) * kKeys * 4 + 4 * kRows * 4;
 }
 
@@ -375,11 +398,12 @@ size_t smem_bytes(bool bf16, int width) {
 
 bool mla_decode_simt_supported(const MlaAttnParams& p) {
     const int64_t r = p.cache.kv_lora_rank, rope = p.cache.rope_dim, w = r + rope;
-    const int64_t elem = p.cache.type == mgl::dtype::bf16 ? 2 : 4;
-    return (p.cache.type == mgl::dtype::bf16 || p.cache.type == mgl::dtype::f32) && r % 2 == 0 &&
-           r <= 2 * kThreads && (w * elem) % 16 == 0 && w * elem <= 1152 * (elem / 2) &&
-           (p.out_stride_t % 2 == 0) && (p.out_stride_h % 2 == 0) &&
-           reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
+    const bool known = p.cache.type == mgl::dtype::bf16 || p.cache.type == mgl::dtype::f16 ||
+                       p.cache.type == mgl::dtype::f32;
+    const int64_t elem = p.cache.type == mgl::dtype::f32 ? 4 : 2;
+    return known && r % 2 == 0 && r <= 2 * kThreads && (w * elem) % 16 == 0 &&
+           w * elem <= 1152 * (elem / 2) && (p.out_stride_t % 2 == 0) &&
+           (p.out_stride_h % 2 == 0) && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
 }
 
 size_t mla_decode_simt_workspace_bytes(int64_t rows, int64_t r, int max_splits) {
@@ -396,7 +420,7 @@ void mla_decode_simt(const MlaAttnParams& p, cudaStream_t stream) {
     if (rows < 1 || p.max_splits < 1 || p.max_splits > 4096) bad("rows / max_splits out of range");
     Args a{};
     a.pages = static_cast<const uint8_t*>(c.pages);
-    a.bf16 = c.type == mgl::dtype::bf16;
+    a.type = c.type;
     if (c.page_size < 1 || c.page_size > (1 << 20) || c.max_pages > (1 << 30) ||
         c.n_pages > (1 << 30) || c.n_pages < 1)
         bad("page size / page counts out of range");
@@ -435,18 +459,27 @@ void mla_decode_simt(const MlaAttnParams& p, cudaStream_t stream) {
         a.ws_l = a.ws_m + slots;
         a.ws_o = reinterpret_cast<float*>(base + (2 * slots * 4 + 255) / 256 * 256);
     }
-    const size_t smem = smem_bytes(a.bf16, a.width);
+    const size_t smem = smem_bytes(a.type != mgl::dtype::f32, a.width);
     const dim3 grid(unsigned(p.max_splits), unsigned((rows + kRows - 1) / kRows));
     auto launch = [&](auto kernel) {
         CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         kernel<<<grid, kThreads, smem, stream>>>(a);
     };
-    if (a.width == 576) {  // DeepSeek-V2 / V2-Lite: r 512 + rope 64
-        a.bf16 ? launch(mla_decode_simt_kernel<true, 576>)
-               : launch(mla_decode_simt_kernel<false, 576>);
+    auto launch_for = [&](auto page_type) {
+        using PageT = decltype(page_type);
+        if (a.width == 576) {  // DeepSeek-V2 / V2-Lite: r 512 + rope 64
+            launch(mla_decode_simt_kernel<PageT, 576>);
+        } else {
+            launch(mla_decode_simt_kernel<PageT, 0>);
+        }
+    };
+    if (a.type == mgl::dtype::bf16) {
+        launch_for(__nv_bfloat16{});
+    } else if (a.type == mgl::dtype::f16) {
+        launch_for(__half{});
     } else {
-        a.bf16 ? launch(mla_decode_simt_kernel<true, 0>) : launch(mla_decode_simt_kernel<false, 0>);
+        launch_for(float{});
     }
     CUDA_CHECK_LAUNCH();
     if (p.max_splits > 1) {

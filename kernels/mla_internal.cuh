@@ -115,9 +115,12 @@ __device__ inline float* out_ptr(const AttnArgs& a, bool direct, int split, int6
 // Host side, across files: the tensor-core kernel's block shapes ("variants"), each with its
 // instances per page dtype and O padding (R_PAD 512, or 64 for r <= 64); null where not built.
 using TcLaunchFn = void (*)(const AttnArgs& a, int max_splits, cudaStream_t stream);
+struct TcInstances {
+    TcLaunchFn r512, r64;
+};
 struct TcVariant {
     const char* name;
-    TcLaunchFn bf16_512, bf16_64, f32_512, f32_64;
+    TcInstances bf16, f32, f16;
 };
 struct TcVariantList {
     const TcVariant* items;

@@ -1,5 +1,6 @@
 // kv_store and the fused decode prep (mla.h): per-token writes into the paged latent cache.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <string>
 
@@ -15,6 +16,7 @@ using mla_detail::cache_row;
 
 __device__ inline void store_elem(float* dst, float v) { *dst = v; }
 __device__ inline void store_elem(__nv_bfloat16* dst, float v) { *dst = __float2bfloat16_rn(v); }
+__device__ inline void store_elem(__half* dst, float v) { *dst = __float2half_rn(v); }
 
 struct StoreArgs {
     void* pages;
@@ -25,10 +27,10 @@ struct StoreArgs {
 StoreArgs store_args(const MlaCache& c, const char* who) {
     if (!c.pages || !c.page_table)
         ::mgl::fail(__FILE__, __LINE__, std::string(who) + ": pages or page_table is null");
-    if (c.type != mgl::dtype::f32 && c.type != mgl::dtype::bf16)
+    if (c.type != mgl::dtype::f32 && c.type != mgl::dtype::bf16 && c.type != mgl::dtype::f16)
         ::mgl::fail(
             __FILE__, __LINE__,
-            std::string(who) + ": pages must be f32 or bf16, got " + mgl::dtype_name(c.type));
+            std::string(who) + ": pages must be f32, bf16 or f16, got " + mgl::dtype_name(c.type));
     if (c.kv_lora_rank < 1 || c.rope_dim < 0 || c.rope_dim % 2 != 0 || c.n_pages < 1 ||
         c.page_size < 1 || c.max_pages < 1 || c.n_pages > INT32_MAX ||
         c.max_pages * c.page_size > INT32_MAX || c.kv_lora_rank + c.rope_dim > 65536)
@@ -270,6 +272,18 @@ __global__ void __launch_bounds__(prep_threads) mla_prep_kernel(const PrepArgs a
     }
 }
 
+// The prep kernel for pages of PageT: the fast one with QN rounded up to a power of two
+// (qn items of q_pe per thread), or the general one when qn is 0.
+template <typename PageT>
+void (*prep_kernel_for(int64_t qn, bool w_f32))(PrepArgs) {
+    if (qn == 0)
+        return w_f32 ? mla_prep_kernel<PageT, float> : mla_prep_kernel<PageT, __nv_bfloat16>;
+    return qn <= 2   ? mla_prep_fast_kernel<PageT, 2>
+           : qn <= 4 ? mla_prep_fast_kernel<PageT, 4>
+           : qn <= 8 ? mla_prep_fast_kernel<PageT, 8>
+                     : mla_prep_fast_kernel<PageT, 16>;
+}
+
 }  // namespace
 
 void kv_store(const KvStoreParams& p, cudaStream_t stream) {
@@ -278,8 +292,9 @@ void kv_store(const KvStoreParams& p, cudaStream_t stream) {
         ::mgl::fail(__FILE__, __LINE__,
                     "kv_store: T = " + std::to_string(p.T) + " or a null c / k_pe / positions");
     if (p.T == 0) return;
-    auto kernel =
-        p.cache.type == mgl::dtype::bf16 ? kv_store_kernel<__nv_bfloat16> : kv_store_kernel<float>;
+    auto kernel = p.cache.type == mgl::dtype::bf16  ? kv_store_kernel<__nv_bfloat16>
+                  : p.cache.type == mgl::dtype::f16 ? kv_store_kernel<__half>
+                                                    : kv_store_kernel<float>;
     launch_maybe_dependent(kernel, dim3(unsigned(p.T)), dim3(128), 0, stream, p.pdl, s, p.c,
                            p.c_stride, p.k_pe, p.k_pe_stride, p.positions);
 }
@@ -298,33 +313,25 @@ void mla_prep(const MlaPrepParams& p, cudaStream_t stream) {
                         mgl::dtype_name(p.kv_norm_w_type));
     if (p.T == 0) return;
     PrepArgs args{s, p, FastDivisor(s.page_size), FastDivisor(1), 0};
-    const bool page_bf16 = p.cache.type == mgl::dtype::bf16;
-    const bool w_f32 = p.kv_norm_w_type == mgl::dtype::f32;
-    void (*kernel)(PrepArgs) =
-        page_bf16 ? (w_f32 ? mla_prep_kernel<__nv_bfloat16, float>
-                           : mla_prep_kernel<__nv_bfloat16, __nv_bfloat16>)
-                  : (w_f32 ? mla_prep_kernel<float, float> : mla_prep_kernel<float, __nv_bfloat16>);
     // The fast kernel: c in at most 4 values per thread, and every (head, pair) of q_pe in at most
     // 16 items per thread (QN rounded up to a power of two; unused items are predicated off).
     const int half = s.rope / 2;
+    int64_t qn = 0;  // 0: the general kernel
     if (half > 0 && s.r <= prep_threads * prep_fast_r_per_thread) {
         const int groups = prep_threads / half;
-        const int64_t qn = (p.H + groups - 1) / groups;
+        qn = (p.H + groups - 1) / groups;
         if (qn <= prep_fast_max_qn) {
             args.half_div = FastDivisor(half);
             args.head_groups = groups;
-            if (page_bf16)
-                kernel = qn <= 2   ? mla_prep_fast_kernel<__nv_bfloat16, 2>
-                         : qn <= 4 ? mla_prep_fast_kernel<__nv_bfloat16, 4>
-                         : qn <= 8 ? mla_prep_fast_kernel<__nv_bfloat16, 8>
-                                   : mla_prep_fast_kernel<__nv_bfloat16, 16>;
-            else
-                kernel = qn <= 2   ? mla_prep_fast_kernel<float, 2>
-                         : qn <= 4 ? mla_prep_fast_kernel<float, 4>
-                         : qn <= 8 ? mla_prep_fast_kernel<float, 8>
-                                   : mla_prep_fast_kernel<float, 16>;
+        } else {
+            qn = 0;
         }
     }
+    const bool w_f32 = p.kv_norm_w_type == mgl::dtype::f32;
+    void (*kernel)(PrepArgs) =
+        p.cache.type == mgl::dtype::bf16  ? prep_kernel_for<__nv_bfloat16>(qn, w_f32)
+        : p.cache.type == mgl::dtype::f16 ? prep_kernel_for<__half>(qn, w_f32)
+                                          : prep_kernel_for<float>(qn, w_f32);
     launch_maybe_dependent(kernel, dim3(unsigned(p.T)), dim3(prep_threads), 0, stream, p.pdl, args);
 }
 

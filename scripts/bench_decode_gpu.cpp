@@ -1,7 +1,7 @@
 // Decode speed of a model on the CUDA backend under each of the backend's switches, to pick
 // defaults from measurements: CUDA graphs on/off, fusions all/none/one at a time, PDL on/off.
 //
-//   build/bench_decode_gpu MODEL.mds [--steps 64] [--prompt 16] [--depth 0] [--kv bf16|f32]
+//   build/bench_decode_gpu MODEL.mds [--steps 64] [--prompt 16] [--depth 0] [--kv bf16|f16|f32]
 //                          [--quick]
 //
 // Per configuration: a fresh backend (weights copied again), a prompt of random tokens (after
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps, "timed decode steps");
     app.add_option("--prompt", prompt, "prompt tokens before decoding");
     app.add_option("--depth", depth, "tokens of context before the prompt");
-    app.add_option("--kv", kv, "KV cache dtype: bf16 or f32");
+    app.add_option("--kv", kv, "KV cache dtype: bf16, f16 or f32")
+        ->check(CLI::IsMember({"bf16", "f16", "f32"}));
     app.add_flag("--quick", quick, "only the default and the all-off configurations");
     CLI11_PARSE(app, argc, argv);
     if (!mgl::cuda_available()) {
@@ -99,7 +100,9 @@ int main(int argc, char** argv) {
         const int64_t V = model.config().vocab_size;
         minids::SessionParams sp;
         sp.n_ctx = depth + prompt + steps + 16;
-        sp.kv_type = kv == "f32" ? mgl::dtype::f32 : mgl::dtype::bf16;
+        sp.kv_type = kv == "f32"   ? mgl::dtype::f32
+                     : kv == "f16" ? mgl::dtype::f16
+                                   : mgl::dtype::bf16;
         minids::Session session(model, *backend, sp);
         std::mt19937 rng(1234);
         auto random_tokens = [&](int64_t n) {

@@ -62,8 +62,8 @@ inline void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
 }
 
 // A paged latent cache on the host, laid out exactly as on the device: `bytes` is the page pool
-// (unwritten rows hold NaN), `rows` the stored values in logical order as doubles (after bf16
-// rounding when the pages are bf16), which is what references read.
+// (unwritten rows hold NaN), `rows` the stored values in logical order as doubles (after bf16 /
+// f16 rounding when the pages are bf16 / f16), which is what references read.
 struct HostCache {
     mgl::dtype type = mgl::dtype::f32;
     int64_t r = 0, rope = 0, width = 0, page_size = 0, n_pages = 0, max_pages = 0, n_ctx = 0;
@@ -76,7 +76,7 @@ struct HostCache {
         const int64_t phys = table[size_t(pos / page_size)];
         return size_t((phys * page_size + pos % page_size) * width) * elem();
     }
-    // Stores one row as the device would (bf16: round to nearest even) and records it.
+    // Stores one row as the device would (bf16, f16: round to nearest even) and records it.
     void set(int64_t pos, const float* v) {
         uint8_t* dst = bytes.data() + offset(pos);
         for (int64_t i = 0; i < width; ++i) {
@@ -84,9 +84,10 @@ struct HostCache {
                 std::memcpy(dst + 4 * i, &v[i], 4);
                 rows[size_t(pos * width + i)] = v[i];
             } else {
-                const uint16_t h = mgl::f32_to_bf16(v[i]);
+                const bool f16 = type == mgl::dtype::f16;
+                const uint16_t h = f16 ? mgl::f32_to_f16(v[i]) : mgl::f32_to_bf16(v[i]);
                 std::memcpy(dst + 2 * i, &h, 2);
-                rows[size_t(pos * width + i)] = mgl::bf16_to_f32(h);
+                rows[size_t(pos * width + i)] = f16 ? mgl::f16_to_f32(h) : mgl::bf16_to_f32(h);
             }
         }
     }
@@ -117,7 +118,7 @@ inline HostCache make_cache(mgl::dtype type, int64_t r, int64_t rope, int64_t pa
         const uint32_t nan = 0x7fc00000u;
         for (size_t i = 0; i < c.bytes.size(); i += 4) std::memcpy(&c.bytes[i], &nan, 4);
     } else {
-        const uint16_t nan = 0x7fc0u;
+        const uint16_t nan = type == mgl::dtype::f16 ? 0x7e00u : 0x7fc0u;
         for (size_t i = 0; i < c.bytes.size(); i += 2) std::memcpy(&c.bytes[i], &nan, 2);
     }
     c.rows.assign(size_t(c.max_pages * page_size * c.width), NAN);

@@ -70,7 +70,7 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
     with_router.fuse.router_route = true;
     auto router_be = mgl::make_cuda_backend(with_router);
     for (int64_t T : {1, 3, 20}) {
-        for (dtype pages_type : {dtype::f32, dtype::bf16}) {
+        for (dtype pages_type : {dtype::f32, dtype::bf16, dtype::f16}) {
             for (dtype experts : {dtype::bf16, dtype::f8_e4m3}) {
                 CAPTURE(T);
                 CAPTURE(std::string(mgl::dtype_name(pages_type)));
@@ -110,10 +110,11 @@ TEST_CASE("cuda fusions: a decoder layer fused and unfused agrees with the CPU" 
                 }
                 // T <= 16 with f32 pages runs FP32 paths throughout; attention over bf16 pages
                 // runs on tensor cores (q and probabilities rounded to BF16: measured 3.9-4.2e-3
-                // at T = 1), and T = 20 also takes cuBLAS (BF16 x) and grouped MoE on tensor
-                // cores (BF16 activations). The first GPU run measured 8-16 % at T = 20 when ids
-                // were compared too: a BF16 path flips near-tie routing choices of this random
-                // layer, so there the flips are counted and the logits and cache compared.
+                // at T = 1; over f16 pages rounded to F16, held to the same bound), and T = 20
+                // also takes cuBLAS (BF16 x) and grouped MoE on tensor cores (BF16 activations).
+                // The first GPU run measured 8-16 % at T = 20 when ids were compared too: a BF16
+                // path flips near-tie routing choices of this random layer, so there the flips are
+                // counted and the logits and cache compared.
                 const bool exact_paths = T <= 16 && pages_type == dtype::f32;
                 const double bound = exact_paths ? 1e-4 : 3e-2;
                 const double e_fused = compare(got_f, want, exact_paths);
@@ -152,7 +153,7 @@ TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals
     auto graph_be = mgl::make_cuda_backend();
     auto eager_be = mgl::make_cuda_backend(eager_opts);
     auto cpu_be = mgl::make_cpu_backend(2);
-    for (dtype pages_type : {dtype::f32, dtype::bf16}) {
+    for (dtype pages_type : {dtype::f32, dtype::bf16, dtype::f16}) {
         CAPTURE(std::string(mgl::dtype_name(pages_type)));
         side replayed(*graph_be), eager(*eager_be), cpu(*cpu_be);
         layer_io io_r, io_e, io_c;
@@ -186,7 +187,8 @@ TEST_CASE("cuda graph replay: a reusable graph with new inputs every step equals
             const auto ref = eager.compute(outs_e);
             const auto cpu_ref = cpu.compute(outs_c);
             worst_replay = std::max(worst_replay, compare(got, ref));
-            // bf16 pages: attention on tensor cores (BF16 bound; routing may flip near ties).
+            // bf16 and f16 pages: attention on tensor cores (BF16 bound; routing may flip near
+            // ties).
             worst_cpu = std::max(worst_cpu, compare(got, cpu_ref, pages_type == dtype::f32));
             ++step;
         }

@@ -1,12 +1,14 @@
 // MLA attention kernels (kernels/mla.h) against a naive double-precision reference: decode and
-// prefill launchers, both implementations, every tensor-core block shape, f32 and bf16 pages,
-// scrambled page tables, page sizes 16, 48 and 64, positions starting at n_past, strided queries
-// (laid out as the model's views are, 16-byte aligned or not) and a strided, NaN-poisoned
-// output whose gaps must stay untouched; lengths from 1 to 32768 keys and a captured graph
-// replayed over changing lengths.
-// Bounds: f32 pages on the CUDA-core kernel 1e-5 relative L2; anything on tensor cores
-// or bf16 pages 1e-2 against the reference computed from the same bf16-rounded cache values.
-// Every case is checked (a failure names its case) and each test prints its worst error.
+// prefill launchers, both implementations, every tensor-core block shape, f32, bf16 and f16
+// pages, scrambled page tables, page sizes 16, 48 and 64, positions starting at n_past, strided
+// queries (laid out as the model's views are, 16-byte aligned or not) and a strided,
+// NaN-poisoned output whose gaps must stay untouched; lengths from 1 to 32768 keys and a
+// captured graph replayed over changing lengths.
+// Bounds, against the reference computed from the same rounded cache values: f32 and f16 pages
+// on the CUDA-core kernels 1e-5 relative L2 (f32 math on the stored values); f16 pages on
+// tensor cores (q and P rounded to f16, ~8x less than bf16) 2e-3; anything else on tensor cores
+// or bf16 pages 1e-2. Every case is checked (a failure names its case) and each test prints its
+// worst error per kind.
 #ifdef MINIDS_HAVE_CUDA
 #include <doctest/doctest.h>
 
@@ -38,12 +40,14 @@ struct AttnCase {
     int max_splits = 0;  // 0: mla_attn_default_max_splits
     int min_keys = 0;
 
-    bool exact() const {  // f32 math end to end
-        return type == mgl::dtype::f32 &&
+    bool exact() const {  // f32 math end to end on the stored values
+        return (type == mgl::dtype::f32 || type == mgl::dtype::f16) &&
                (impl == MlaImpl::cuda_core ||
-                (impl == MlaImpl::automatic && kernel == MlaKernel::decode));
+                (impl == MlaImpl::automatic && kernel == MlaKernel::decode &&
+                 type == mgl::dtype::f32));
     }
-    double bound() const { return exact() ? 1e-5 : 1e-2; }
+    bool f16_tensor_cores() const { return type == mgl::dtype::f16 && !exact(); }
+    double bound() const { return exact() ? 1e-5 : f16_tensor_cores() ? 2e-3 : 1e-2; }
     std::string describe() const {
         const char* impl_name = impl == MlaImpl::automatic     ? "auto"
                                 : impl == MlaImpl::tensor_core ? "tensor_core"
@@ -169,18 +173,23 @@ double run_case(const AttnCase& k, uint64_t seed) {
     return err;
 }
 
-// Runs the cases, prints the worst error of the f32-exact and of the bf16 / tensor-core ones.
+// Runs the cases, prints the worst error of the f32-exact ones, of f16 pages on tensor cores and
+// of the bf16 / tensor-core rest.
 void run_all(const char* what, const std::vector<AttnCase>& cases, uint64_t seed) {
-    double worst_exact = 0, worst_bf16 = 0;
+    double worst_exact = 0, worst_f16 = 0, worst_bf16 = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
         const double e = run_case(cases[i], seed + 7 * i);
-        (cases[i].exact() ? worst_exact : worst_bf16) =
-            std::max(cases[i].exact() ? worst_exact : worst_bf16, e);
+        double& worst = cases[i].exact()              ? worst_exact
+                        : cases[i].f16_tensor_cores() ? worst_f16
+                                                      : worst_bf16;
+        worst = std::max(worst, e);
     }
     MESSAGE(what << ": " << cases.size() << " cases; worst relative L2: f32 cuda-core "
-                 << worst_exact << " (bound 1e-5), tensor-core / bf16 " << worst_bf16
-                 << " (bound 1e-2)");
+                 << worst_exact << " (bound 1e-5), f16 tensor-core " << worst_f16
+                 << " (bound 2e-3), tensor-core / bf16 " << worst_bf16 << " (bound 1e-2)");
 }
+
+const mgl::dtype all_types[] = {mgl::dtype::f32, mgl::dtype::bf16, mgl::dtype::f16};
 
 struct Shape {
     int64_t r, rope;
@@ -194,7 +203,7 @@ TEST_CASE("cuda mla decode attention matches double reference" * doctest::skip(n
     int n = 0;
     // The decode shape (T = 1, H = 16) over shapes, dtypes, both kernels and cache depths.
     for (Shape s : shapes)
-        for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16})
+        for (mgl::dtype type : all_types)
             for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::cuda_core})
                 for (int64_t n_past : {0, 5, 1000, 5000}) {
                     AttnCase c;
@@ -209,7 +218,7 @@ TEST_CASE("cuda mla decode attention matches double reference" * doctest::skip(n
     // Small T and H (several tokens and heads share a 16-row tile), automatic kernel choice.
     for (int64_t T : {2, 7})
         for (int64_t H : {1, 4, 16})
-            for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16}) {
+            for (mgl::dtype type : all_types) {
                 AttnCase c;
                 c.type = type;
                 c.r = 48;
@@ -264,17 +273,34 @@ TEST_CASE("cuda mla decode attention: split counts and every tensor-core variant
                 c.n_past = n_past;
                 c.page_size = n_past == 1000 ? 16 : 64;
                 cases.push_back(c);
+                // f16 pages: built for the default shapes only, item 0 and (r > 64) item 2.
+                if (v == 0 || (v == 2 && s.r > 64)) {
+                    c.type = mgl::dtype::f16;
+                    cases.push_back(c);
+                }
             }
+    // f16 pages over split grids, both kernels.
+    for (int max_splits : {1, 3, 200})
+        for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::cuda_core}) {
+            AttnCase c;
+            c.impl = impl;
+            c.type = mgl::dtype::f16;
+            c.n_past = 3000;
+            c.T = 2;
+            c.max_splits = max_splits;
+            c.min_keys = 16;
+            cases.push_back(c);
+        }
     run_all("decode splits / variants", cases, 200);
 }
 
 // The lengths a decode step sees, from a single key to 32K, on V2-Lite's shape with the default
-// kernel choice (bf16 pages: tensor cores; f32 pages: the CUDA-core kernel), power-of-two and
-// odd page sizes. 32768 keys is a full-length cache and a full reference.
+// kernel choice (bf16 and f16 pages: tensor cores; f32 pages: the CUDA-core kernel), power-of-two
+// and odd page sizes. 32768 keys is a full-length cache and a full reference.
 TEST_CASE("cuda mla decode attention at 1, 7, 512, 4097 and 32768 keys" * doctest::skip(no_gpu)) {
     std::vector<AttnCase> cases;
     for (int64_t keys : {1, 7, 512, 4097, 32768})
-        for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32})
+        for (mgl::dtype type : all_types)
             for (int64_t page_size : {16, 64, 48}) {
                 if (keys == 32768 && page_size == 48) continue;  // one odd size suffices
                 AttnCase c;
@@ -288,9 +314,9 @@ TEST_CASE("cuda mla decode attention at 1, 7, 512, 4097 and 32768 keys" * doctes
 
 // The tensor-core decode kernel around its tile edges (64 keys per tile, 16 rows per block) on
 // V2-Lite's shape: every decode variant with bf16 pages, variant 0 with f32 pages (converted on
-// load), page sizes 64 (the shift path) and 48 (division); rows of several tokens in one tile
-// (H = 12) and rows past the end of the last tile; q_pe at an offset that is not 16-byte
-// aligned (the scalar Q loads).
+// load), the default and variant 0 with f16 pages, page sizes 64 (the shift path) and 48
+// (division); rows of several tokens in one tile (H = 12) and rows past the end of the last
+// tile; q_pe at an offset that is not 16-byte aligned (the scalar Q loads).
 TEST_CASE("cuda mla decode attention on tensor cores at 1, 2, 63, 64, 65, 512 and 4096 keys" *
           doctest::skip(no_gpu)) {
     std::vector<AttnCase> cases;
@@ -312,8 +338,13 @@ TEST_CASE("cuda mla decode attention on tensor cores at 1, 2, 63, 64, 65, 512 an
             c.page_size = page_size;
             cases.push_back(c);
         }
+        c.type = mgl::dtype::f16;
+        for (int variant : {-1, 0}) {
+            c.variant = variant;
+            cases.push_back(c);
+        }
     }
-    for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32})
+    for (mgl::dtype type : all_types)
         for (int64_t keys : {1, 65, 4096})
             for (auto [T, H, nope] :
                  {std::tuple{1, 12, 24}, std::tuple{3, 12, 24}, std::tuple{2, 16, 24},
@@ -337,7 +368,7 @@ TEST_CASE("cuda mla decode attention on tensor cores at 1, 2, 63, 64, 65, 512 an
 // reference; the grid was fixed at capture with the default max_splits.
 TEST_CASE("cuda mla decode attention: graph replay with the cache length changed" *
           doctest::skip(no_gpu)) {
-    for (mgl::dtype type : {mgl::dtype::bf16, mgl::dtype::f32}) {
+    for (mgl::dtype type : all_types) {
         const int64_t H = 16, r = 512, rope = 64, page_size = 64, capacity = 5000;
         const test::HostCache cache = test::make_cache(type, r, rope, page_size, capacity, 41);
         const auto q_lat = test::random_floats(size_t(H * r), 42);
@@ -389,7 +420,9 @@ TEST_CASE("cuda mla decode attention: graph replay with the cache length changed
             for (float v : got) non_finite += !std::isfinite(v);
             CHECK_MESSAGE(non_finite == 0, "non-finite outputs: ", non_finite);
             const double err = test::relative_l2(got, ref);
-            const double bound = type == mgl::dtype::f32 ? 1e-5 : 1e-2;
+            const double bound = type == mgl::dtype::f32   ? 1e-5
+                                 : type == mgl::dtype::f16 ? 2e-3
+                                                           : 1e-2;
             CHECK_MESSAGE(err <= bound, "relative L2 ", err, " > bound ", bound);
             worst = std::max(worst, err);
         }
@@ -404,7 +437,7 @@ TEST_CASE("cuda mla prefill attention matches double reference" * doctest::skip(
     std::vector<AttnCase> cases;
     int n = 0;
     auto add = [&](int64_t r, int64_t rope, int64_t T, int64_t H, int64_t n_past) {
-        for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16}) {
+        for (mgl::dtype type : all_types) {
             AttnCase c;
             c.kernel = MlaKernel::prefill;
             c.type = type;
@@ -439,17 +472,18 @@ TEST_CASE("cuda mla prefill attention matches double reference" * doctest::skip(
         c.type = mgl::dtype::f32;
         cases.push_back(c);
     }
-    // The f32 reference kernel on prefill shapes.
-    for (auto [T, H, n_past] : {std::tuple{300, 4, 5}, std::tuple{64, 16, 1000}}) {
-        AttnCase c;
-        c.kernel = MlaKernel::prefill;
-        c.impl = MlaImpl::cuda_core;
-        c.type = mgl::dtype::f32;
-        c.T = T;
-        c.H = H;
-        c.n_past = n_past;
-        cases.push_back(c);
-    }
+    // The f32 reference kernel on prefill shapes, over f32 and f16 pages.
+    for (auto [T, H, n_past] : {std::tuple{300, 4, 5}, std::tuple{64, 16, 1000}})
+        for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::f16}) {
+            AttnCase c;
+            c.kernel = MlaKernel::prefill;
+            c.impl = MlaImpl::cuda_core;
+            c.type = type;
+            c.T = T;
+            c.H = H;
+            c.n_past = n_past;
+            cases.push_back(c);
+        }
     // Several splits for a prompt (few row tiles, long cache).
     for (int max_splits : {4, 16}) {
         AttnCase c;
@@ -483,6 +517,10 @@ TEST_CASE("cuda mla prefill attention: every tensor-core variant" * doctest::ski
             c.n_past = n_past;
             c.page_size = n_past == 700 ? 16 : 64;
             cases.push_back(c);
+            if (v == 0) {  // f16 pages: built for the default shape only
+                c.type = mgl::dtype::f16;
+                cases.push_back(c);
+            }
         }
     }
     run_all("prefill variants", cases, 400);
@@ -530,6 +568,17 @@ TEST_CASE("cuda mla attention rejects bad parameters with a clear error") {
     p.cache.kv_lora_rank = 32;
     p.max_splits = 8;  // and no workspace
     CHECK_THROWS_AS(kernels::mla_decode(p, nullptr), mgl::error);
+    // f16 pages on a tensor-core shape not built for them: an error before any launch.
+    p.max_splits = 1;
+    p.cache.type = mgl::dtype::f16;
+    p.impl = MlaImpl::tensor_core;
+    p.variant = 1;
+    CHECK_THROWS_WITH_AS(kernels::mla_decode(p, nullptr), doctest::Contains("not built for f16"),
+                         mgl::error);
+    p.cache.type = mgl::dtype::i32;  // not a page type
+    p.variant = -1;
+    CHECK_THROWS_WITH_AS(kernels::mla_decode(p, nullptr), doctest::Contains("pages must be"),
+                         mgl::error);
     CHECK(kernels::mla_attn_workspace_bytes(1, 16, 512, 1) == 0);
     CHECK(kernels::mla_attn_workspace_bytes(1, 16, 512, 8) >= 8 * 16 * 513 * 4);
 }

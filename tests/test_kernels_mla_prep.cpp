@@ -2,8 +2,8 @@
 // references, and one decode step (mla_prep + mla_decode) captured once as a CUDA graph and
 // replayed at jumping positions with fresh inputs and a remapped page table.
 // Bounds: f32 results 1e-6 relative L2 (kv_store: bit-exact, rounding included); bf16 cache rows
-// written by mla_prep 4e-3 (one bf16 rounding of the f32 result); graph-replayed attention on
-// tensor cores 1e-2.
+// written by mla_prep 4e-3 (one bf16 rounding of the f32 result: 1.7e-3 on these values), f16
+// rows 5e-4 (one f16 rounding: 2.1e-4); graph-replayed attention on tensor cores 1e-2.
 #ifdef MINIDS_HAVE_CUDA
 #include <doctest/doctest.h>
 
@@ -53,7 +53,18 @@ float load_row_elem(const test::HostCache& c, const std::vector<uint8_t>& bytes,
     }
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
-    return mgl::bf16_to_f32(h);
+    return c.type == mgl::dtype::f16 ? mgl::f16_to_f32(h) : mgl::bf16_to_f32(h);
+}
+
+// One rounding of the f32 rows to the cache's type (relative L2 measured on these tests' values:
+// bf16 1.7e-3, f16 2.1e-4).
+double cache_row_bound(mgl::dtype type) {
+    return type == mgl::dtype::f32 ? 1e-6 : type == mgl::dtype::f16 ? 5e-4 : 4e-3;
+}
+
+const mgl::dtype cache_types[] = {mgl::dtype::f32, mgl::dtype::bf16, mgl::dtype::f16};
+int cache_type_index(mgl::dtype t) {
+    return t == mgl::dtype::f32 ? 0 : t == mgl::dtype::bf16 ? 1 : 2;
 }
 
 kernels::MlaCache device_cache(const test::HostCache& c, void* pages, const int32_t* table) {
@@ -64,7 +75,7 @@ kernels::MlaCache device_cache(const test::HostCache& c, void* pages, const int3
 
 TEST_CASE("cuda kv_store writes exactly the rows of positions, rounded" * doctest::skip(no_gpu)) {
     int cases = 0;
-    for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16})
+    for (mgl::dtype type : cache_types)
         for (int64_t page_size : {16, 64})
             for (int64_t T : {1, 7, 300})
                 for (int64_t n_past : {0, 5, 1000, 5000})
@@ -250,9 +261,10 @@ namespace {
 // Runs mla_prep for one configuration and checks every output against the reference.
 // last_uncached: the last token's position is past the page table, so its row is not stored
 // (everything else about it is still computed).
+// worst_cache: the worst cache-row error per type (cache_type_index).
 void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, int wkind,
                 bool in_place, bool copies, bool last_uncached, uint64_t seed, double& worst_f32,
-                double& worst_cache) {
+                double (&worst_cache)[3]) {
     INFO(test::type_name(type), " pages, r ", s.r, " rope ", s.rope, ", T ", T, " H ", H,
          " n_past ", n_past, ", weight ", wkind, ", in place ", in_place, ", copies ", copies,
          ", last uncached ", last_uncached);
@@ -336,9 +348,9 @@ void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, 
             for (int64_t i = 0; i < r + rope; ++i)
                 got_rows[size_t(t * (r + rope) + i)] = load_row_elem(cache, pages, n_past + t, i);
         const double cache_err = test::relative_l2(got_rows, ref_cached);
-        CHECK(cache_err < (type == mgl::dtype::f32 ? 1e-6 : 4e-3));
-        (type == mgl::dtype::f32 ? worst_f32 : worst_cache) =
-            std::max(type == mgl::dtype::f32 ? worst_f32 : worst_cache, cache_err);
+        CHECK(cache_err < cache_row_bound(type));
+        double& worst = worst_cache[cache_type_index(type)];
+        worst = std::max(worst, cache_err);
     }
     std::vector<bool> written(pages.size(), false);
     for (int64_t t = 0; t < T_cached; ++t) {
@@ -389,9 +401,9 @@ void check_prep(mgl::dtype type, Shape s, int64_t T, int64_t H, int64_t n_past, 
 
 TEST_CASE("cuda mla_prep: rms_norm + rope + kv_store + rope(q_pe) in one launch" *
           doctest::skip(no_gpu)) {
-    double worst_f32 = 0, worst_cache = 0;
+    double worst_f32 = 0, worst_cache[3] = {};
     int cases = 0;
-    for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16})
+    for (mgl::dtype type : cache_types)
         for (Shape s : shapes)
             for (int64_t T : {1, 7})
                 for (int64_t n_past : {0, 5000}) {
@@ -402,7 +414,9 @@ TEST_CASE("cuda mla_prep: rms_norm + rope + kv_store + rope(q_pe) in one launch"
                     ++cases;
                 }
     MESSAGE("mla_prep: " << cases << " cases, worst relative L2: f32 outputs " << worst_f32
-                         << " (bound 1e-6), bf16 cache rows " << worst_cache << " (bound 4e-3)");
+                         << " (bound 1e-6), cache rows: f32 " << worst_cache[0]
+                         << " (bound 1e-6), bf16 " << worst_cache[1] << " (bound 4e-3), f16 "
+                         << worst_cache[2] << " (bound 5e-4)");
 }
 
 // The fast kernel's item counts (q_pe pairs per thread 2, 4, 8, 16; c values per thread up to 4),
@@ -423,9 +437,9 @@ TEST_CASE("cuda mla_prep: fast and general kernels over r, rope and H" * doctest
         {{1100, 64}, 3},   // general: r > 1024
         {{512, 64}, 129},  // general: 17 q_pe pairs per thread
     };
-    double worst_f32 = 0, worst_cache = 0;
+    double worst_f32 = 0, worst_cache[3] = {};
     int runs = 0;
-    for (mgl::dtype type : {mgl::dtype::f32, mgl::dtype::bf16})
+    for (mgl::dtype type : cache_types)
         for (const Case& c : cases)
             for (int variant = 0; variant < 3; ++variant) {
                 // 1 token; 3 tokens; 3 tokens, the last one not stored.
@@ -437,8 +451,9 @@ TEST_CASE("cuda mla_prep: fast and general kernels over r, rope and H" * doctest
                 ++runs;
             }
     MESSAGE("mla_prep paths: " << runs << " runs, worst relative L2: f32 outputs " << worst_f32
-                               << " (bound 1e-6), bf16 cache rows " << worst_cache
-                               << " (bound 4e-3)");
+                               << " (bound 1e-6), cache rows: f32 " << worst_cache[0]
+                               << " (bound 1e-6), bf16 " << worst_cache[1] << " (bound 4e-3), f16 "
+                               << worst_cache[2] << " (bound 5e-4)");
 }
 
 TEST_CASE("cuda mla decode step replayed from one captured graph follows positions" *

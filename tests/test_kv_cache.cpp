@@ -162,3 +162,32 @@ TEST_CASE(
     cache.read_row(b, 1, 5, got.data());
     CHECK(got == rows_b[5]);
 }
+
+TEST_CASE("kv cache: an f16 cache takes bf16's bytes and reads rows back rounded to f16") {
+    auto be = mgl::make_cpu_backend(1);
+    KvCacheParams p = small_params();
+    p.type = mgl::dtype::bf16;
+    const size_t bf16_bytes = LatentKvCache(*be, p).bytes();
+    p.type = mgl::dtype::f16;
+    LatentKvCache cache(*be, p);
+    CHECK(cache.bytes() == bf16_bytes);
+    CHECK(cache.bytes() == size_t(3 * 8 * 4 * 19 * 2));
+    const int a = cache.new_sequence();
+    const int64_t r = 13, rope = 6, T = 6;
+    // Values up to 40: f16 keeps 11 significant bits at every magnitude (bf16 would keep 8).
+    const auto c = minids::test::random_floats(size_t(T * r), 7, -40.0f, 40.0f);
+    const auto k = minids::test::random_floats(size_t(T * rope), 8, -40.0f, 40.0f);
+    cache.reserve(a, T);
+    store_rows(*be, cache, a, 0, 0, c, k, T);
+    cache.advance(a, T);
+    std::vector<float> got(19);
+    for (int64_t pos = 0; pos < T; ++pos) {
+        cache.read_row(a, 0, pos, got.data());
+        for (int64_t i = 0; i < r + rope; ++i) {
+            const float v = i < r ? c[size_t(pos * r + i)] : k[size_t(pos * rope + i - r)];
+            CHECK(got[size_t(i)] == mgl::f16_to_f32(mgl::f32_to_f16(v)));
+        }
+    }
+    p.type = mgl::dtype::i32;
+    CHECK_THROWS_AS(LatentKvCache(*be, p), mgl::error);
+}

@@ -43,17 +43,21 @@ std::vector<double> dense_attention(const std::vector<double>& q_lat,
 }
 
 double round_as(dtype t, double v) {
-    return t == dtype::bf16 ? double(mgl::bf16_to_f32(mgl::f32_to_bf16(float(v))))
-                            : double(float(v));
+    if (t == dtype::bf16) return double(mgl::bf16_to_f32(mgl::f32_to_bf16(float(v))));
+    if (t == dtype::f16) return double(mgl::f16_to_f32(mgl::f32_to_f16(float(v))));
+    return double(float(v));
 }
 
 }  // namespace
 
 TEST_CASE("mgl kv_store + mla_attn: paged cache equals dense attention (prefill, then decode)") {
-    // Variants: f32 and bf16 caches (the SIMD kernel path), and an f32 cache whose elements are
-    // two floats apart (a view; the generic path).
-    for (int variant = 0; variant < 3; ++variant) {
-        const dtype cache_type = variant == 1 ? dtype::bf16 : dtype::f32;
+    // Variants: f32 and bf16 caches (the SIMD kernel path), an f32 cache whose elements are two
+    // floats apart (a view; the generic path), and an f16 cache (the generic path: the matmul
+    // kernels have no f16 weights).
+    for (int variant = 0; variant < 4; ++variant) {
+        const dtype cache_type = variant == 1   ? dtype::bf16
+                                 : variant == 3 ? dtype::f16
+                                                : dtype::f32;
         const int64_t spread = variant == 2 ? 2 : 1;
         CAPTURE(variant);
         harness h;

@@ -655,6 +655,10 @@ launch_step simple_step(const tensor& n) {
 
 std::string cuda_unsupported_reason(const tensor& n) {
     auto positions_ok = [](const tensor* p) { return contiguous_vector(p, dtype::i32); };
+    // The MLA kernels' page types (kernels/mla.h).
+    auto cache_type_ok = [](dtype t) {
+        return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16;
+    };
     switch (n.op_kind) {
         case op::none:
         case op::view:
@@ -718,12 +722,14 @@ std::string cuda_unsupported_reason(const tensor& n) {
             if (n.src[0]->shape[0] > 1024) return "more than 1024 experts";
             return "";
         case op::kv_store:
+            if (!cache_type_ok(n.src[0]->type)) return "pages must be f32, bf16 or f16";
             if (!n.src[0]->is_contiguous() || !positions_ok(n.src[1]) || !positions_ok(n.src[4]))
                 return "pages, page table and positions must be contiguous";
             if (!f32_rows(*n.src[2]) || !f32_rows(*n.src[3]))
                 return "kv_c and k_pe rows must be contiguous f32";
             return "";
         case op::mla_attn: {
+            if (!cache_type_ok(n.src[2]->type)) return "pages must be f32, bf16 or f16";
             if (!n.src[2]->is_contiguous() || !positions_ok(n.src[3]) || !positions_ok(n.src[4]))
                 return "pages, page table and positions must be contiguous";
             if (!f32_rows(*n.src[0]) || !f32_rows(*n.src[1]))

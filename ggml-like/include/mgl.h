@@ -302,7 +302,7 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
                      std::shared_ptr<const expert_layout> layout);
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
-// bf16: stored rounded to nearest even, read back to f32), and
+// bf16 / f16: stored rounded to nearest even, read back to f32), and
 // `page_table` [max_logical_pages] i32 mapping logical page p (positions p·page_size ..) to a
 // physical page index. kv_store writes c [T, r] and k_pe [T, rope] of token t at position
 // positions[t] ([T] i32) and returns an alias of `pages` that later readers must take as their

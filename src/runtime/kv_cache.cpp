@@ -15,8 +15,10 @@ LatentKvCache::LatentKvCache(mgl::backend& backend, const KvCacheParams& params)
     max_pages_per_seq_ = (params_.n_ctx + params_.page_size - 1) / params_.page_size;
     if (params_.n_pages <= 0) params_.n_pages = max_pages_per_seq_;
     MGL_CHECK(params_.n_pages <= INT32_MAX, "kv cache: too many pages");
-    MGL_CHECK(params_.type == mgl::dtype::f32 || params_.type == mgl::dtype::bf16,
-              "kv cache: rows must be f32 or bf16");
+    MGL_CHECK(params_.type == mgl::dtype::f32 || params_.type == mgl::dtype::bf16 ||
+                  params_.type == mgl::dtype::f16,
+              std::string("kv cache: rows must be f32, bf16 or f16, got ") +
+                  mgl::dtype_name(params_.type));
     pool_ = backend_.alloc_buffer(layer_bytes() * size_t(params_.n_layer));
     const size_t table_bytes =
         size_t(params_.max_sequences) * size_t(max_pages_per_seq_) * sizeof(int32_t);

@@ -2,12 +2,12 @@
 //
 // Per token and layer it holds what the absorbed attention reads: c (the compressed KV after
 // kv_a_layernorm, kv_lora_rank values) and k_pe (the rope key after RoPE, qk_rope_head_dim
-// values), side by side in one row of `width = kv_lora_rank + rope` values, F32 or BF16.
+// values), side by side in one row of `width = kv_lora_rank + rope` values, F32, BF16 or F16.
 //
 // Memory is a pool of fixed-size pages (page_size tokens each), one pool per layer, all layers
 // sharing the same page numbering:
 //
-//     layer pool      [n_pages, page_size, width]   f32 | bf16, in one backend buffer
+//     layer pool      [n_pages, page_size, width]   f32 | bf16 | f16, in one backend buffer
 //     page table      [max_pages_per_seq]           i32, logical page p -> physical page
 //
 // A sequence owns a list of physical pages; position `pos` lives in page table[pos / page_size]
@@ -36,7 +36,7 @@ struct KvCacheParams {
     int64_t page_size = 64;             // tokens per page
     int64_t n_pages = 0;                // pool size; 0: enough for one sequence of n_ctx
     int max_sequences = 4;              // page-table slots
-    mgl::dtype type = mgl::dtype::f32;  // f32 or bf16 rows
+    mgl::dtype type = mgl::dtype::f32;  // f32, bf16 or f16 rows
 };
 
 class LatentKvCache {

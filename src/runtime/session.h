@@ -22,7 +22,7 @@ struct SessionParams {
     int64_t n_ctx = 4096;    // longest sequence, in tokens
     int64_t page_size = 64;  // KV cache page, in tokens
     int64_t n_ubatch = 512;  // most tokens in one prompt graph (longer prompts are chunked)
-    mgl::dtype kv_type = mgl::dtype::f32;  // KV cache rows: f32 or bf16
+    mgl::dtype kv_type = mgl::dtype::f32;  // KV cache rows: f32, bf16 or f16
 };
 
 // Sees every named intermediate of an eval (e.g. "q_pe-3", "ffn_out-1", "result_output") after
