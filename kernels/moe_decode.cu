@@ -58,8 +58,8 @@ struct DecodeArgs {
     // orders them), then the row blocks only the wider side has (the shared expert's when it
     // is wider than the routed ones, else the routed jobs'), from row block `both_row_blocks`.
     bool compact;
-    int64_t both_row_blocks;  // row blocks every job has
-    int64_t blocks_per_token;
+    int both_row_blocks;  // row blocks every job has
+    int blocks_per_token;
     int warps_per_row;  // launch 2: P
     bool norm;          // launch 1 applies RMSNorm to x (norm_w may be null)
     const void* norm_w;
@@ -260,24 +260,23 @@ template <bool VEC, int U, Fp8Convert CVT, int R>
 __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(DecodeArgs a) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    int64_t t, row_block;
+    // Block indices in 32 bits: 64-bit divisions here took the kernel from 40 registers to 64
+    // and a stack frame (4 blocks per SM instead of 6), costing more than the empty blocks.
+    unsigned t, row_block;
     int j;
+    const unsigned jobs = unsigned(a.jobs_per_token);
     if (a.compact) {  // grid (blocks_per_token, T); see DecodeArgs::compact
         t = blockIdx.y;
-        const int64_t b = blockIdx.x, both = a.both_row_blocks * a.jobs_per_token;
-        if (b < both) {
-            j = int(b % a.jobs_per_token);
-            row_block = b / a.jobs_per_token;
-        } else if (a.has_shared && a.sh_n_ff > a.n_ff) {
-            j = a.k;
-            row_block = a.both_row_blocks + (b - both);
-        } else {
-            j = int((b - both) % a.k);
-            row_block = a.both_row_blocks + (b - both) / a.k;
-        }
+        const unsigned b = blockIdx.x, both = unsigned(a.both_row_blocks) * jobs;
+        const bool shared_wider = a.sh_n_ff > a.n_ff && a.has_shared;
+        const unsigned rest = b - both, k = unsigned(a.k);
+        j = b < both ? int(b % jobs) : shared_wider ? a.k : int(rest % k);
+        row_block = b < both       ? b / jobs
+                    : shared_wider ? unsigned(a.both_row_blocks) + rest
+                                   : unsigned(a.both_row_blocks) + rest / k;
     } else {  // grid (T · jobs, row blocks of the widest job)
-        t = blockIdx.x / a.jobs_per_token;
-        j = int(blockIdx.x % a.jobs_per_token);
+        t = blockIdx.x / jobs;
+        j = int(blockIdx.x % jobs);
         row_block = blockIdx.y;
     }
     const bool shared = j == a.k;
@@ -287,7 +286,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     if (!shared) pdl_wait();
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
-    const int64_t row0 = row_block * warps * R;
+    const int64_t row0 = int64_t(row_block) * warps * R;
     if (row0 >= rows) return;
 
     const mgl::dtype dt = shared ? a.stype : a.rtype;
@@ -720,15 +719,18 @@ void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
     auto blocks = [&](int64_t rows) { return (rows + rows_per_block - 1) / rows_per_block; };
     const int64_t routed = blocks(a.n_ff);
     const int64_t shared = a.has_shared ? blocks(a.sh_n_ff) : routed;
-    a.both_row_blocks = std::min(routed, shared);
+    const int64_t both = std::min(routed, shared);
     const int64_t wider_jobs = a.has_shared && a.sh_n_ff > a.n_ff ? 1 : a.k;
-    a.blocks_per_token = a.both_row_blocks * a.jobs_per_token +
-                         (std::max(routed, shared) - a.both_row_blocks) * wider_jobs;
+    const int64_t per_token =
+        both * a.jobs_per_token + (std::max(routed, shared) - both) * wider_jobs;
+    if (per_token > 0x7fffffff) moe_fail("moe_experts (decode): too many blocks per token");
+    a.both_row_blocks = int(both);
+    a.blocks_per_token = int(per_token);
 }
 void check_compact_grid(const DecodeArgs& a, int64_t rows_per_block) {
     DecodeArgs b = a;
     set_compact_grid(b, rows_per_block);
-    if (b.blocks_per_token != a.blocks_per_token || a.blocks_per_token > 0x7fffffff || a.T > 65535)
+    if (b.blocks_per_token != a.blocks_per_token || a.T > 65535)
         moe_fail("moe_experts (decode): compact grid does not match the launch shape");
 }
 
