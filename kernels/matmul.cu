@@ -278,7 +278,10 @@ __global__ void __launch_bounds__(gen_warps * 32) gemv_generic_kernel(const Oper
 // gemm path helpers: x̂ -> contiguous bf16/f32 [B, M, K] (+ residual -> y), W -> contiguous
 // [rows, K] bf16/f32 with the f8 scale folded in.
 // ---------------------------------------------------------------------------------------------
-__global__ void prepare_x_kernel(const Operands o, void* x_out, bool out_bf16, bool copy_residual) {
+// With lo_offset > 0 (split_x) the BF16 residual x - hi of each element goes lo_offset elements
+// after its hi.
+__global__ void prepare_x_kernel(const Operands o, void* x_out, bool out_bf16, bool copy_residual,
+                                 int64_t lo_offset) {
     __shared__ float scratch[32];
     const int m = int(blockIdx.x), b = int(blockIdx.y);
     const float* xr = o.x + b * o.x_batch_stride + int64_t(m) * o.x_row_stride;
@@ -293,7 +296,11 @@ __global__ void prepare_x_kernel(const Operands o, void* x_out, bool out_bf16, b
         for (int k = int(threadIdx.x); k < o.k; k += blockDim.x) {
             const float v = o.norm ? xr[k] * inv * norm_weight(o, k) : xr[k];
             if (out_bf16) {
-                static_cast<__nv_bfloat16*>(x_out)[row + k] = __float2bfloat16_rn(v);
+                const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+                static_cast<__nv_bfloat16*>(x_out)[row + k] = hi;
+                if (lo_offset > 0)
+                    static_cast<__nv_bfloat16*>(x_out)[row + k + lo_offset] =
+                        __float2bfloat16_rn(v - __bfloat162float(hi));
             } else {
                 static_cast<float*>(x_out)[row + k] = v;
             }
@@ -371,6 +378,7 @@ void validate(const MatmulParams& p) {
 struct GemmPlan {
     bool f32 = false;                        // FP32 operands and math (no tensor cores)
     bool convert_x = false, x_bf16 = false;  // x̂ into the workspace
+    bool split = false;                      // x̂ as BF16 hi then lo (MatmulParams::split_x)
     size_t x_bytes = 0;
     bool materialize = false, w_bf16 = false;
     int64_t w_batches = 1;   // distinct weight batches (1 when shared)
@@ -393,8 +401,10 @@ GemmPlan plan_gemm(const MatmulParams& p, bool f32_math) {
     const bool f32 = f32_math || p.w_type == mgl::dtype::f32;
     g.f32 = f32;
     g.x_bf16 = !f32;
+    g.split = g.x_bf16 && p.split_x;
     g.convert_x = !f32 || p.rms_norm || (p.m > 1 && p.x_row_stride < p.k);
-    g.x_bytes = g.convert_x ? size_t(p.batch * p.m * p.k) * (g.x_bf16 ? 2 : 4) : 0;
+    g.x_bytes =
+        g.convert_x ? size_t(p.batch * p.m * p.k) * (g.x_bf16 ? 2 : 4) * (g.split ? 2 : 1) : 0;
     // FP32 math on 16-bit or FP8 weights needs them widened; otherwise only layouts cuBLAS
     // cannot read directly do.
     g.materialize = (f32 && p.w_type != mgl::dtype::f32) || !cublas_direct_weights(p);
@@ -428,7 +438,7 @@ void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stre
     const bool copy_residual = p.residual && p.residual != p.y;
     if (g.convert_x || copy_residual) {
         prepare_x_kernel<<<dim3(unsigned(p.m), unsigned(p.batch)), 256, 0, stream>>>(
-            o, x_conv, g.x_bf16, copy_residual);
+            o, x_conv, g.x_bf16, copy_residual, g.split ? p.batch * p.m * p.k : 0);
         CUDA_CHECK_LAUNCH();
     }
     // cublasSetStream resets the handle's workspace to cuBLAS's own pool, which allocates during
@@ -448,6 +458,9 @@ void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stre
     const int64_t x_bstride = g.convert_x ? p.m * p.k : p.x_batch_stride;
     const int64_t ldy = std::max(p.y_row_stride, p.n);
     // One call of y[:, :, n0 : n0 + rows] for `batches` batches starting at b0.
+    // With split x the second product (x's lo half, right after the hi half) is added onto the
+    // first's result.
+    const float add = 1.0f;
     auto gemm = [&](cublasOperation_t op_w, const void* w, int64_t ldw, int64_t w_bstride,
                     int64_t n0, int64_t rows, int64_t b0, int64_t batches) {
         MGL_CHECK(ldw <= 0x7fffffff && ldx <= 0x7fffffff && ldy <= 0x7fffffff,
@@ -459,6 +472,13 @@ void run_gemm(const MatmulParams& p, const MatmulResources& r, cudaStream_t stre
             r.cublas, op_w, CUBLAS_OP_N, int(rows), int(p.m), int(p.k), &alpha, w, in_type,
             int(ldw), w_bstride, xp, in_type, int(ldx), x_bstride, &beta, yp, CUDA_R_32F, int(ldy),
             p.y_batch_stride, int(batches), compute, CUBLAS_GEMM_DEFAULT));
+        if (g.split) {
+            const void* lo = static_cast<const char*>(xp) + size_t(p.batch * p.m * p.k) * xe;
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+                r.cublas, op_w, CUBLAS_OP_N, int(rows), int(p.m), int(p.k), &alpha, w, in_type,
+                int(ldw), w_bstride, lo, in_type, int(ldx), x_bstride, &add, yp, CUDA_R_32F,
+                int(ldy), p.y_batch_stride, int(batches), compute, CUBLAS_GEMM_DEFAULT));
+        }
     };
     if (!g.materialize) {
         const int64_t e = elem_of(p);

@@ -100,6 +100,12 @@ struct MatmulParams {
     // kernel that fills an expert cache slot this product reads). Captured graphs keep it.
     bool pdl = false;
 
+    // gemm path with 16-bit tensor cores: x goes in as a BF16 pair hi + lo (lo = bf16(x - hi)),
+    // two GEMMs on the same weights summed in FP32, so x keeps ~16 significant bits instead of
+    // BF16's 8 (what the decode kernels keep: they read x in FP32). Twice the tensor-core work;
+    // the prompt's products then round like decode's (full-size V2-Lite: docs/fidelity.md).
+    bool split_x = false;
+
     // Overrides for tests and benchmarks; leave as is in production code.
     MatmulPath path = MatmulPath::automatic;
     int gemv_config = -1;    // index into the gemv kernel configurations (-1: chosen by shape)

@@ -326,6 +326,23 @@ TEST_CASE("mgl cuda MoE decode tuning from MINIDS_MOE_DECODE (host only)") {
         unsetenv("MINIDS_MOE_DECODE");
 }
 
+TEST_CASE("mgl cuda prompt GEMM input mode from MINIDS_CUDA_GEMM_X (host only)") {
+    const char* old = std::getenv("MINIDS_CUDA_GEMM_X");
+    const std::string saved = old ? old : "";
+    unsetenv("MINIDS_CUDA_GEMM_X");
+    CHECK(mgl::cuda::gemm_split_x_from_env());  // the default: split
+    setenv("MINIDS_CUDA_GEMM_X", "bf16", 1);
+    CHECK(!mgl::cuda::gemm_split_x_from_env());
+    setenv("MINIDS_CUDA_GEMM_X", "split", 1);
+    CHECK(mgl::cuda::gemm_split_x_from_env());
+    setenv("MINIDS_CUDA_GEMM_X", "f16", 1);
+    CHECK_THROWS_AS(mgl::cuda::gemm_split_x_from_env(), mgl::error);
+    if (old)
+        setenv("MINIDS_CUDA_GEMM_X", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_CUDA_GEMM_X");
+}
+
 TEST_CASE("mgl cuda grouped MoE kernel from MINIDS_MOE_GROUPED (host only)") {
     using minids::kernels::MoeGroupedKernel;
     const char* old = std::getenv("MINIDS_MOE_GROUPED");

@@ -117,6 +117,15 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c) {
     }
 }
 
+bool gemm_split_x_from_env() {
+    const char* v = std::getenv("MINIDS_CUDA_GEMM_X");
+    if (!v || !*v) return true;
+    const std::string s = v;
+    if (s == "split") return true;
+    if (s == "bf16") return false;
+    throw error("MINIDS_CUDA_GEMM_X: unknown mode '" + s + "' (expected split or bf16)");
+}
+
 minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env() {
     using minids::kernels::MoeGroupedKernel;
     const char* v = std::getenv("MINIDS_MOE_GROUPED");

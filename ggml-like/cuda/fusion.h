@@ -63,6 +63,11 @@ precise_switches precise_switches_from_env();
 // number is an error.
 void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
 
+// MINIDS_CUDA_GEMM_X: how x enters the prompt's cuBLAS GEMMs: `split` (the default: a BF16
+// hi + lo pair, two GEMMs, ~16 significant bits; kernels/matmul.h, MatmulParams::split_x) or
+// `bf16` (one rounding to BF16, half the tensor-core work). Anything else is an error.
+bool gemm_split_x_from_env();
+
 // MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
 // or pipelined (kernels/moe.h, MoeGroupedKernel); unset or empty keeps
 // moe_grouped_default_kernel(). Anything else is an error.

@@ -79,6 +79,12 @@ const kn::MoeDecodeConfig& moe_decode_config() {
     return c;
 }
 
+// MINIDS_CUDA_GEMM_X (fusion.h), read once.
+bool gemm_split_x() {
+    static const bool split = gemm_split_x_from_env();
+    return split;
+}
+
 // MINIDS_MOE_GROUPED (fusion.h), read once.
 kn::MoeGroupedKernel moe_grouped_kernel() {
     static const kn::MoeGroupedKernel k = moe_grouped_kernel_from_env();
@@ -208,6 +214,7 @@ matmul_launch plan_matmul(const tensor& mm, const tensor* norm, const tensor* ad
         if (res) p.residual = res + pt.y_off;
         if (precise().gemm && kn::matmul_choose_path(p) == kn::MatmulPath::gemm)
             p.path = kn::MatmulPath::gemm_f32;
+        p.split_x = gemm_split_x();
         L.matmul_workspace = std::max(L.matmul_workspace, kn::matmul_workspace_bytes(p));
         L.calls.push_back(p);
         L.x_offsets.push_back(pt.x_off);
