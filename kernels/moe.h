@@ -215,8 +215,9 @@ enum class MoeGroupedKernel : uint8_t {
     pipelined,
 };
 // The kernel the grouped path runs unless told otherwise: the one place that decides it
-// (MINIDS_MOE_GROUPED overrides it in the CUDA backend).
-constexpr MoeGroupedKernel moe_grouped_default_kernel() { return MoeGroupedKernel::staged; }
+// (MINIDS_MOE_GROUPED overrides it in the CUDA backend). Pipelined: pp512 19,792 -> 23,935 tok/s
+// on the H200 (synthetic V2-Lite, FP8 experts; docs/perf.md), the same bits (GPU tests).
+constexpr MoeGroupedKernel moe_grouped_default_kernel() { return MoeGroupedKernel::pipelined; }
 
 // Tuning of the grouped (prefill) path.
 struct MoeGroupedConfig {
