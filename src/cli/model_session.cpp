@@ -43,7 +43,7 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                  "run on the CPU even when a CUDA GPU is present (the GPU is the default when the "
                  "model fits in its free memory)");
     cmd.add_option("--cache-type-k", f.cache_type,
-                   "KV cache dtype: bf16, f16 or f32 (default: bf16 on the GPU, f32 on the CPU); "
+                   "KV cache dtype: f16, bf16 or f32 (default: f16 on the GPU, f32 on the CPU); "
                    "f16 takes the bytes of bf16 with 8x less rounding (docs/fidelity.md)")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     cmd.add_option("--ubatch-size", f.n_ubatch,
@@ -295,7 +295,9 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
     SessionParams& sp = m.session_params;
     sp.n_ctx = flags.n_ctx;
     sp.n_ubatch = flags.n_ubatch;
-    sp.kv_type = flags.cache_type.empty()     ? (gpu ? mgl::dtype::bf16 : mgl::dtype::f32)
+    // F16 on the GPU: BF16's bytes and speed (tg128 487.2 vs 486.0 tok/s on the H200) with an
+    // eighth of its rounding (docs/fidelity.md).
+    sp.kv_type = flags.cache_type.empty()     ? (gpu ? mgl::dtype::f16 : mgl::dtype::f32)
                  : flags.cache_type == "bf16" ? mgl::dtype::bf16
                  : flags.cache_type == "f16"  ? mgl::dtype::f16
                                               : mgl::dtype::f32;
