@@ -300,6 +300,13 @@ struct Row {
 // each launch in a graph of launches chained by PDL as in the decode step; with the norm
 // prologue where the model has one ([q | kv_a]) and the residual epilogue where it has one
 // (o_proj). Each variant is checked against the generic FP32 kernel first.
+// The sweep's columns: auto (-1), plan 2's auto (-2), then every forced configuration.
+std::vector<int> stream_columns() {
+    std::vector<int> cols{-1, -2};
+    for (int c = 0; c < matmul_stream_config_count(); ++c) cols.push_back(c);
+    return cols;
+}
+
 void stream_sweep(cudaStream_t s, cublasHandle_t blas, double copy_gbs) {
     struct Case {
         const char* name;
@@ -318,22 +325,25 @@ void stream_sweep(cudaStream_t s, cublasHandle_t blas, double copy_gbs) {
         {"lm_head + norm", 1, 102400, 2048, true, false},
     };
     std::printf("## stream GEMV shapes, M = 1, graph + PDL (us per launch; GB/s of W)\n\n");
-    // Column "auto" is the plan the model gets (stream_config -1); the others are forced.
-    std::printf("| product | dtype | MB | auto |");
+    // Column "auto" is the plan the model gets (stream_config -1), "plan 2" the one
+    // MINIDS_STREAM_PLAN=2 gives it; the others are forced.
+    std::printf("| product | dtype | MB | auto | plan 2 |");
     for (int c = 0; c < matmul_stream_config_count(); ++c)
         std::printf(" %s |", matmul_stream_config_name(c).c_str());
     std::printf(" best |\n|---|---|---|");
-    for (int c = 0; c <= matmul_stream_config_count() + 1; ++c) std::printf("---|");
+    for (int c = 0; c <= matmul_stream_config_count() + 2; ++c) std::printf("---|");
     std::printf("\n");
     for (const Case& cs : cases) {
         for (mgl::dtype t : {mgl::dtype::bf16, mgl::dtype::f8_e4m3}) {
             if (cs.batch > 1 && t == mgl::dtype::f8_e4m3) continue;  // the model's are bf16
             Setup st(t, cs.batch, cs.n, cs.k, 1);
             const MatmulResources res{blas, st.ws->p, st.ws_bytes};
+            // cfg -2: the automatic shape under stream plan 2.
             auto with = [&](int copy, int cfg) {
                 MatmulParams q = st.params(1, copy);
                 q.path = MatmulPath::stream;
-                q.stream_config = cfg;
+                q.stream_config = cfg == -2 ? -1 : cfg;
+                if (cfg == -2) q.stream_plan = 2;
                 q.pdl = true;
                 if (cs.norm) {
                     q.rms_norm = true;
@@ -346,7 +356,7 @@ void stream_sweep(cudaStream_t s, cublasHandle_t blas, double copy_gbs) {
             std::printf("| %s | %s | %.1f |", cs.name, tname(t), double(st.w_bytes) / 1e6);
             double best_us = 1e30;
             std::string best = "-";
-            for (int cfg = -1; cfg < matmul_stream_config_count(); ++cfg) {
+            for (int cfg : stream_columns()) {
                 const double err = check_against_generic(st, with(0, cfg), res);
                 if (err < 0 || err > 1e-4 || std::isnan(err)) {
                     std::printf(" %s |", err < 0 ? "refused" : "BAD");

@@ -326,7 +326,7 @@ TEST_CASE("mgl cuda MoE decode tuning from MINIDS_MOE_DECODE (host only)") {
         unsetenv("MINIDS_MOE_DECODE");
 }
 
-TEST_CASE("mgl cuda prompt GEMM input mode from MINIDS_CUDA_GEMM_X (host only)") {
+TEST_CASE("mgl cuda MINIDS_CUDA_GEMM_X and MINIDS_STREAM_PLAN (host only)") {
     const char* old = std::getenv("MINIDS_CUDA_GEMM_X");
     const std::string saved = old ? old : "";
     unsetenv("MINIDS_CUDA_GEMM_X");
@@ -337,6 +337,18 @@ TEST_CASE("mgl cuda prompt GEMM input mode from MINIDS_CUDA_GEMM_X (host only)")
     CHECK(mgl::cuda::gemm_split_x_from_env());
     setenv("MINIDS_CUDA_GEMM_X", "f16", 1);
     CHECK_THROWS_AS(mgl::cuda::gemm_split_x_from_env(), mgl::error);
+    const char* plan = std::getenv("MINIDS_STREAM_PLAN");
+    const std::string saved_plan = plan ? plan : "";
+    unsetenv("MINIDS_STREAM_PLAN");
+    CHECK(mgl::cuda::stream_plan_from_env() == 1);
+    setenv("MINIDS_STREAM_PLAN", "2", 1);
+    CHECK(mgl::cuda::stream_plan_from_env() == 2);
+    setenv("MINIDS_STREAM_PLAN", "3", 1);
+    CHECK_THROWS_AS(mgl::cuda::stream_plan_from_env(), mgl::error);
+    if (plan)
+        setenv("MINIDS_STREAM_PLAN", saved_plan.c_str(), 1);
+    else
+        unsetenv("MINIDS_STREAM_PLAN");
     if (old)
         setenv("MINIDS_CUDA_GEMM_X", saved.c_str(), 1);
     else

@@ -317,6 +317,21 @@ double run_case(const Case& c, const Cublas& blas) {
 
 }  // namespace
 
+TEST_CASE("cuda matmul stream plan 2 (MINIDS_STREAM_PLAN=2): the sweep's shapes (host only)") {
+    std::vector<uint8_t> dummy(64);
+    uint8_t* aligned = dummy.data() + 16 - reinterpret_cast<uintptr_t>(dummy.data()) % 16;
+    float* f = reinterpret_cast<float*>(aligned);
+    // Plan 2 decides these two classes without asking the device (so: no GPU needed here).
+    auto down = kernels::matmul_params_contiguous(mgl::dtype::bf16, aligned, nullptr, f, f, 1, 1,
+                                                  2048, 10944);
+    down.stream_plan = 2;
+    CHECK(kernels::matmul_describe(down) == "stream w4 u4 r2");
+    auto w_uv = kernels::matmul_params_contiguous(mgl::dtype::bf16, aligned, nullptr, f, f, 16, 1,
+                                                  128, 512);
+    w_uv.stream_plan = 2;
+    CHECK(kernels::matmul_describe(w_uv) == "stream w8 u4 r1");
+}
+
 TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {
     std::vector<uint8_t> dummy(64);
     uint8_t* aligned = dummy.data() + 16 - reinterpret_cast<uintptr_t>(dummy.data()) % 16;

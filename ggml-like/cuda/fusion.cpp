@@ -126,6 +126,14 @@ bool gemm_split_x_from_env() {
     throw error("MINIDS_CUDA_GEMM_X: unknown mode '" + s + "' (expected split or bf16)");
 }
 
+int stream_plan_from_env() {
+    const char* v = std::getenv("MINIDS_STREAM_PLAN");
+    if (!v || !*v) return 1;
+    const std::string s = v;
+    if (s == "1" || s == "2") return s[0] - '0';
+    throw error("MINIDS_STREAM_PLAN: unknown plan '" + s + "' (expected 1 or 2)");
+}
+
 minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env() {
     using minids::kernels::MoeGroupedKernel;
     const char* v = std::getenv("MINIDS_MOE_GROUPED");

@@ -68,6 +68,10 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
 // `bf16` (one rounding to BF16, half the tensor-core work). Anything else is an error.
 bool gemm_split_x_from_env();
 
+// MINIDS_STREAM_PLAN: the rules for the decode products' stream GEMV shapes, 1 (the default)
+// or 2 (kernels/matmul.h, MatmulParams::stream_plan). Anything else is an error.
+int stream_plan_from_env();
+
 // MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
 // or pipelined (kernels/moe.h, MoeGroupedKernel); unset or empty keeps
 // moe_grouped_default_kernel(). Anything else is an error.

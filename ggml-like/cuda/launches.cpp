@@ -85,6 +85,12 @@ bool gemm_split_x() {
     return split;
 }
 
+// MINIDS_STREAM_PLAN (fusion.h), read once.
+int stream_plan() {
+    static const int plan = stream_plan_from_env();
+    return plan;
+}
+
 // MINIDS_MOE_GROUPED (fusion.h), read once.
 kn::MoeGroupedKernel moe_grouped_kernel() {
     static const kn::MoeGroupedKernel k = moe_grouped_kernel_from_env();
@@ -215,6 +221,7 @@ matmul_launch plan_matmul(const tensor& mm, const tensor* norm, const tensor* ad
         if (precise().gemm && kn::matmul_choose_path(p) == kn::MatmulPath::gemm)
             p.path = kn::MatmulPath::gemm_f32;
         p.split_x = gemm_split_x();
+        p.stream_plan = stream_plan();
         L.matmul_workspace = std::max(L.matmul_workspace, kn::matmul_workspace_bytes(p));
         L.calls.push_back(p);
         L.x_offsets.push_back(pt.x_off);
