@@ -1007,6 +1007,7 @@ void launch_down_split(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl
 
 // DecodeArgs::compact's block counts for `rows_per_block` rows per block (host side).
 void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
+    if (a.T > 65535) moe_fail("moe_experts (decode): more than 65535 tokens for the compact grid");
     auto blocks = [&](int64_t rows) { return (rows + rows_per_block - 1) / rows_per_block; };
     const int64_t routed = blocks(a.n_ff);
     const int64_t shared = a.has_shared ? blocks(a.sh_n_ff) : routed;
@@ -1018,12 +1019,6 @@ void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
     a.both_row_blocks = int(both);
     a.blocks_per_token = int(per_token);
 }
-void check_compact_grid(const DecodeArgs& a, int64_t rows_per_block) {
-    DecodeArgs b = a;
-    set_compact_grid(b, rows_per_block);
-    if (b.blocks_per_token != a.blocks_per_token || a.T > 65535)
-        moe_fail("moe_experts (decode): compact grid does not match the launch shape");
-}
 
 template <bool VEC, int U, Fp8Convert CVT>
 void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
@@ -1034,11 +1029,12 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         constexpr bool two_ok = VEC && U <= 4;
         const int warps = cfg.gate_up_warps, R = two_ok ? cfg.gate_up_rows_per_warp : 1;
         const int64_t rows_per_block = int64_t(warps) * R;
+        DecodeArgs g = a;
         dim3 grid(unsigned(a.T * a.jobs_per_token),
                   unsigned((max_rows + rows_per_block - 1) / rows_per_block));
-        if (a.compact) {
-            grid = dim3(unsigned(a.blocks_per_token), unsigned(a.T));
-            check_compact_grid(a, rows_per_block);
+        if (g.compact) {
+            set_compact_grid(g, rows_per_block);
+            grid = dim3(unsigned(g.blocks_per_token), unsigned(g.T));
         }
         const size_t smem = size_t(a.D) * sizeof(float);
         auto kernel = decode_gate_up_kernel<VEC, U, CVT, 1>;
@@ -1046,7 +1042,7 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
             if (R == 2) kernel = decode_gate_up_kernel<VEC, U, CVT, 2>;
         }
         allow_dynamic_smem(kernel, smem);
-        launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
+        launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, g);
     }
     if (VEC && cfg.down_rows_per_warp > 1 && a.k * cfg.down_rows_per_warp <= 32) {
         if (a.split_tickets)
@@ -1162,12 +1158,7 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.seg_r = seg_floats(p.layout.n_ff);
     a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
     a.warps_per_row = c.down_warps_per_row;
-    a.compact = c.gate_up_compact_grid;
-    if (a.compact) {
-        // Launch 1 runs R = 2 rows per warp only where launch_decode allows it (VEC, unroll <= 4).
-        const bool two = weights_vec_aligned(p) && c.unroll <= 4 && c.gate_up_rows_per_warp == 2;
-        set_compact_grid(a, int64_t(c.gate_up_warps) * (two ? 2 : 1));
-    }
+    a.compact = c.gate_up_compact_grid;  // its block counts: launch_decode, which knows R
     if (uses_down_split(p)) {
         const int64_t slots = p.n_tokens * split_groups(p);
         a.down_split = c.down_split;
