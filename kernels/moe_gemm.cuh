@@ -76,6 +76,28 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// One pair of output columns (n, n + 1) of sorted row p, as both grouped GEMM kernels write it
+// (the same code, so they give the same bits): gate/up -> silu(gate · s_g) · (up · s_u) as two
+// BF16 activations; down -> y = acc · s in f32. c0, c1 are the first matrix's accumulators (gate,
+// or down), u0, u1 the second's (up; unused for down).
+template <bool GATE_UP>
+__device__ __forceinline__ void store_pair(const GemmArgs& g, const float* const* bscale, int64_t p,
+                                           int64_t n, float c0, float c1, float u0, float u1) {
+    if constexpr (GATE_UP) {
+        const float sg0 = bscale[0] ? bscale[0][n] : 1.0f;
+        const float sg1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
+        const float su0 = bscale[1] ? bscale[1][n] : 1.0f;
+        const float su1 = bscale[1] ? bscale[1][n + 1] : 1.0f;
+        const float a0 = silu_mul(c0 * sg0, u0 * su0);
+        const float a1 = silu_mul(c1 * sg1, u1 * su1);
+        *reinterpret_cast<uint32_t*>(g.act_out + p * g.act_stride + n) = pack_bf16(a0, a1);
+    } else {
+        const float s0 = bscale[0] ? bscale[0][n] : 1.0f;
+        const float s1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
+        *reinterpret_cast<float2*>(g.y_out + p * g.y_stride + n) = make_float2(c0 * s0, c1 * s1);
+    }
+}
+
 // e4m3 pair -> bf16 pair, exactly (every e4m3 value is a bf16 value).
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
@@ -284,23 +306,9 @@ __global__ void __launch_bounds__(threads) gemm_kernel(GemmArgs g) {
                 const int64_t p = m0 + r;
                 const int64_t n = n0 + warp_n * (TN / 4) + ni * 8 + 2 * (lane % 4);
                 if (p >= m_end || n >= g.N) continue;
-                if constexpr (GATE_UP) {
-                    const float sg0 = bscale[0] ? bscale[0][n] : 1.0f;
-                    const float sg1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
-                    const float su0 = bscale[1] ? bscale[1][n] : 1.0f;
-                    const float su1 = bscale[1] ? bscale[1][n + 1] : 1.0f;
-                    const float a0 =
-                        silu_mul(acc[0][mi][ni][2 * h] * sg0, acc[1][mi][ni][2 * h] * su0);
-                    const float a1 =
-                        silu_mul(acc[0][mi][ni][2 * h + 1] * sg1, acc[1][mi][ni][2 * h + 1] * su1);
-                    *reinterpret_cast<uint32_t*>(g.act_out + p * g.act_stride + n) =
-                        pack_bf16(a0, a1);
-                } else {
-                    const float s0 = bscale[0] ? bscale[0][n] : 1.0f;
-                    const float s1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
-                    *reinterpret_cast<float2*>(g.y_out + p * g.y_stride + n) =
-                        make_float2(acc[0][mi][ni][2 * h] * s0, acc[0][mi][ni][2 * h + 1] * s1);
-                }
+                store_pair<GATE_UP>(g, bscale, p, n, acc[0][mi][ni][2 * h],
+                                    acc[0][mi][ni][2 * h + 1], acc[GATE_UP ? 1 : 0][mi][ni][2 * h],
+                                    acc[GATE_UP ? 1 : 0][mi][ni][2 * h + 1]);
             }
 }
 

@@ -299,23 +299,9 @@ __global__ void __launch_bounds__(threads, 2) gemm_kernel(tc::GemmArgs g) {
                 const int64_t p = m0 + r;
                 const int64_t n = n0 + warp_n * S::WN + ni * 8 + 2 * (lane % 4);
                 if (p >= m_end || n >= g.N) continue;
-                if constexpr (GATE_UP) {
-                    const float sg0 = bscale[0] ? bscale[0][n] : 1.0f;
-                    const float sg1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
-                    const float su0 = bscale[1] ? bscale[1][n] : 1.0f;
-                    const float su1 = bscale[1] ? bscale[1][n + 1] : 1.0f;
-                    const float a0 =
-                        silu_mul(acc[0][mi][ni][2 * h] * sg0, acc[1][mi][ni][2 * h] * su0);
-                    const float a1 =
-                        silu_mul(acc[0][mi][ni][2 * h + 1] * sg1, acc[1][mi][ni][2 * h + 1] * su1);
-                    *reinterpret_cast<uint32_t*>(g.act_out + p * g.act_stride + n) =
-                        tc::pack_bf16(a0, a1);
-                } else {
-                    const float s0 = bscale[0] ? bscale[0][n] : 1.0f;
-                    const float s1 = bscale[0] ? bscale[0][n + 1] : 1.0f;
-                    *reinterpret_cast<float2*>(g.y_out + p * g.y_stride + n) =
-                        make_float2(acc[0][mi][ni][2 * h] * s0, acc[0][mi][ni][2 * h + 1] * s1);
-                }
+                tc::store_pair<GATE_UP>(
+                    g, bscale, p, n, acc[0][mi][ni][2 * h], acc[0][mi][ni][2 * h + 1],
+                    acc[GATE_UP ? 1 : 0][mi][ni][2 * h], acc[GATE_UP ? 1 : 0][mi][ni][2 * h + 1]);
             }
 }
 
