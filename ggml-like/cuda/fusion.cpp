@@ -122,31 +122,41 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c) {
     }
 }
 
+namespace {
+
+// The position of environment variable `name`'s value in `values`, or -1 when it is unset or
+// empty; any other value is an error naming the expected ones.
+int choice_from_env(const char* name, const std::vector<std::string>& values) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return -1;
+    for (size_t i = 0; i < values.size(); ++i)
+        if (values[i] == v) return int(i);
+    std::string expected;
+    for (size_t i = 0; i < values.size(); ++i)
+        expected += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + values[i];
+    throw error(std::string(name) + ": unknown value '" + v + "' (expected " + expected + ")");
+}
+
+}  // namespace
+
 bool gemm_split_x_from_env() {
-    const char* v = std::getenv("MINIDS_CUDA_GEMM_X");
-    if (!v || !*v) return true;
-    const std::string s = v;
-    if (s == "split") return true;
-    if (s == "bf16") return false;
-    throw error("MINIDS_CUDA_GEMM_X: unknown mode '" + s + "' (expected split or bf16)");
+    return choice_from_env("MINIDS_CUDA_GEMM_X", {"split", "bf16"}) != 1;
 }
 
 int stream_plan_from_env() {
-    const char* v = std::getenv("MINIDS_STREAM_PLAN");
-    if (!v || !*v) return 1;
-    const std::string s = v;
-    if (s == "1" || s == "2") return s[0] - '0';
-    throw error("MINIDS_STREAM_PLAN: unknown plan '" + s + "' (expected 1 or 2)");
+    return choice_from_env("MINIDS_STREAM_PLAN", {"1", "2"}) == 1 ? 2 : 1;
 }
 
 minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env() {
     using minids::kernels::MoeGroupedKernel;
-    const char* v = std::getenv("MINIDS_MOE_GROUPED");
-    if (!v || !*v) return minids::kernels::moe_grouped_default_kernel();
-    const std::string s = v;
-    if (s == "staged") return MoeGroupedKernel::staged;
-    if (s == "pipelined") return MoeGroupedKernel::pipelined;
-    throw error("MINIDS_MOE_GROUPED: unknown kernel '" + s + "' (expected staged or pipelined)");
+    switch (choice_from_env("MINIDS_MOE_GROUPED", {"staged", "pipelined"})) {
+        case 0:
+            return MoeGroupedKernel::staged;
+        case 1:
+            return MoeGroupedKernel::pipelined;
+        default:
+            return minids::kernels::moe_grouped_default_kernel();
+    }
 }
 
 namespace {
