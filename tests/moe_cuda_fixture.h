@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -283,6 +284,26 @@ inline std::vector<double> reference_moe(const ExpertBank& bank, const Routing& 
     }
     return out;
 }
+
+// Banks reused across the cases of one test file (V2-Lite-sized ones take a while to build): the
+// last seven shapes asked for; a new one is seeded seed_base + the number then cached.
+class BankCache {
+public:
+    explicit BankCache(uint64_t seed_base) : seed_base_(seed_base) {}
+    std::shared_ptr<ExpertBank> get(mgl::dtype type, int64_t E, int64_t D, int64_t F) {
+        for (auto& b : cache_)
+            if (b->layout.type == type && b->n_experts() == E && b->layout.n_embd == D &&
+                b->layout.n_ff == F)
+                return b;
+        if (cache_.size() > 6) cache_.erase(cache_.begin());
+        cache_.push_back(std::make_shared<ExpertBank>(type, E, D, F, seed_base_ + cache_.size()));
+        return cache_.back();
+    }
+
+private:
+    uint64_t seed_base_;
+    std::vector<std::shared_ptr<ExpertBank>> cache_;
+};
 
 }  // namespace moe_test
 

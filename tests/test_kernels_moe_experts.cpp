@@ -73,16 +73,9 @@ struct Case {
     }
 };
 
-// Banks are reused across cases of the same shape (V2-Lite-sized ones take a while to build).
 std::shared_ptr<moe_test::ExpertBank> bank_for(mgl::dtype type, int64_t E, int64_t D, int64_t F) {
-    static std::vector<std::shared_ptr<moe_test::ExpertBank>> cache;
-    for (auto& b : cache)
-        if (b->layout.type == type && b->n_experts() == E && b->layout.n_embd == D &&
-            b->layout.n_ff == F)
-            return b;
-    if (cache.size() > 6) cache.erase(cache.begin());
-    cache.push_back(std::make_shared<moe_test::ExpertBank>(type, E, D, F, 1000 + cache.size()));
-    return cache.back();
+    static moe_test::BankCache cache(1000);
+    return cache.get(type, E, D, F);
 }
 
 // Runs one case; returns the relative L2 error against the reference (checks finiteness) and,

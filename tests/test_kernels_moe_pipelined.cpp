@@ -57,14 +57,8 @@ struct Case {
 };
 
 std::shared_ptr<moe_test::ExpertBank> bank_for(mgl::dtype type, int64_t E, int64_t D, int64_t F) {
-    static std::vector<std::shared_ptr<moe_test::ExpertBank>> cache;
-    for (auto& b : cache)
-        if (b->layout.type == type && b->n_experts() == E && b->layout.n_embd == D &&
-            b->layout.n_ff == F)
-            return b;
-    if (cache.size() > 6) cache.erase(cache.begin());
-    cache.push_back(std::make_shared<moe_test::ExpertBank>(type, E, D, F, 2000 + cache.size()));
-    return cache.back();
+    static moe_test::BankCache cache(2000);
+    return cache.get(type, E, D, F);
 }
 
 // The inputs of one case on the device, and moe_experts' parameters over them.
