@@ -201,17 +201,6 @@ struct MoeDecodeConfig {
     // V2-Lite) in shared memory per block; false reads them through L1 instead (no staging
     // barrier, more blocks per SM). Same arithmetic and order either way.
     bool down_act_in_shared = true;
-    // Launch 2 split across blocks (0 = off: the tiled kernel above): P = down_split parts of
-    // each output row's tiles go to P different blocks of down_split_warps warps (R =
-    // down_rows_per_warp rows per warp, U as above), so each block stages only its 1/P share of
-    // the activations (~16 KB instead of 45 KB for V2-Lite at P = 4) and more blocks fit per SM.
-    // Each block writes its rows' partial sums to the workspace; the row group's last block (an
-    // atomic ticket) adds the P partials in order p = 0..P-1, then the residual. The partials
-    // are the tiled kernel's with down_warps_per_row = P, so the output is bit-identical to it.
-    // Where the tiled kernel does not apply (rows per warp 1, k · R > 32, unaligned rows) the
-    // one-row kernel runs as without it.
-    int down_split = 0;        // 0, or 1..32 parts
-    int down_split_warps = 8;  // warps per block of the split kernel, 1..8
     Fp8Convert fp8_convert = Fp8Convert::hardware;
 };
 
@@ -283,8 +272,7 @@ struct MoeExpertsParams {
 };
 
 // Device workspace moe_experts needs for these parameters (path resolved as moe_experts will).
-// Decode: T · (k · n_ff + shared n_ff) floats (+ T · D · down_split floats and a ticket per
-// row group with the split launch 2). Grouped: the sort (≈ 8 · T · k bytes), the
+// Decode: T · (k · n_ff + shared n_ff) floats. Grouped: the sort (≈ 8 · T · k bytes), the
 // activations and per-(token, expert) outputs, T · k · (n_ff + D) floats, plus T · (shared n_ff
 // + D) floats with a shared expert, plus T · D BF16 values for x with the pipelined kernel.
 size_t moe_experts_workspace_bytes(const MoeExpertsParams& p);

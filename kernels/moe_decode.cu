@@ -12,15 +12,11 @@
 // contiguous part of the concatenated row [down_0[d,:] | ... | down_{k-1}[d,:] | shared[d,:]]
 // with each routed segment weighted by w_j · scale_j[d]; the P partials are added in order, then
 // the residual. Fixed orders everywhere: the result does not depend on timing.
-// Launch 2 split (MoeDecodeConfig::down_split, off by default): the P parts of a row go to P
-// blocks instead of P warps of one block, each staging only its part's activations; the last
-// block of a row group (an atomic ticket) adds the P partials in order: the same bits.
 //
 // Weight rows that are whole 16-byte chunks (every real model) take the vectorized kernels
 // (VEC); other shapes take the same kernels reading one element at a time.
 #include <algorithm>
 #include <string>
-#include <type_traits>
 
 #include "dependent_launch.cuh"
 #include "moe_common.cuh"
@@ -65,14 +61,7 @@ struct DecodeArgs {
     int both_row_blocks;  // row blocks every job has
     int blocks_per_token;
     int warps_per_row;  // launch 2: P
-    // The split launch 2 (MoeDecodeConfig::down_split), when it runs (split_tickets != null):
-    // P parts, blocks of split_rows rows per part, split_groups of them per token.
-    int down_split;
-    int split_rows;
-    unsigned split_groups;
-    float* split_partial;     // workspace [T, split_groups, P, split_rows]
-    unsigned* split_tickets;  // workspace [T, split_groups]: zeroed by launch 1 (see there)
-    bool norm;                // launch 1 applies RMSNorm to x (norm_w may be null)
+    bool norm;          // launch 1 applies RMSNorm to x (norm_w may be null)
     const void* norm_w;
     bool norm_w_bf16;
     float norm_eps;
@@ -295,15 +284,6 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     // never change, so its first loads go out before the wait (in gate_up_block).
     pdl_launch_dependents();
     if (!shared) pdl_wait();
-    // The split launch 2's tickets live in the caller's workspace, which other kernels (the
-    // grouped path, attention) also use and tests poison: zero them here, where every launch 2
-    // waits for (launch 2 leaves them at zero too, for replays of launch 2 alone). After the
-    // wait: the previous launch 2 on this workspace has completed by then.
-    if (a.split_tickets && blockIdx.x == 0 && blockIdx.y == 0) {
-        pdl_wait();
-        const unsigned n = unsigned(a.T) * a.split_groups;
-        for (unsigned i = threadIdx.x; i < n; i += blockDim.x) a.split_tickets[i] = 0;
-    }
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
     const int64_t row0 = int64_t(row_block) * warps * R;
@@ -734,277 +714,6 @@ void launch_down_tiled(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl
     }
 }
 
-// ---- launch 2, split across blocks (MoeDecodeConfig::down_split P > 0) ----
-//
-// The tiled kernel's warps of one row group cover the P parts of the row's tiles inside one
-// block, so each block stages the token's whole activation row (45 KB for V2-Lite: 2 blocks of
-// 16 warps per SM, long-scoreboard stalls, 1.88 TB/s on the H200). Here block (part p, row
-// group) has W warps that each own R rows of the group and walk the same tiles [tb, te) of part
-// p (the tiled kernel's split of the tiles), so the block stages only those tiles' activations,
-// tile by tile: tile i of the part at float4 i · 32 · F4 + s · 32 + lane for its lane's chunk
-// and float4 s < F4 (4 for FP8, 2 for BF16, 1 for f32). Each warp's sums go to the workspace;
-// the group's last block (ticket) adds them in part order, then the residual, as the tiled
-// kernel's final step does from shared memory: the same bits.
-
-constexpr int split_max_threads = 8 * 32;
-
-// Tiles of the concatenated row (the tiled kernels' units), and the most one part has (host).
-int64_t down_tiles_total(const DecodeArgs& a) {
-    auto tiles = [](int64_t chunks) { return (chunks + 31) / 32; };
-    return a.k * tiles(a.n_ff / chunk_elems(a.rtype)) +
-           (a.has_shared ? tiles(a.sh_n_ff / chunk_elems(a.stype)) : 0);
-}
-int64_t split_max_tiles(const DecodeArgs& a, int P) { return (down_tiles_total(a) + P - 1) / P; }
-
-template <mgl::dtype RDT, mgl::dtype SDT>
-__host__ __device__ constexpr int split_tile_float4s() {
-    constexpr int r = int(16 / elem_bytes<RDT>()) / 4, s = int(16 / elem_bytes<SDT>()) / 4;
-    return 32 * (r > s ? r : s);
-}
-
-// acc[r] + w[r] · x for one 16-byte chunk of R rows, x read from the split staging one float4 at
-// a time (xs[s · 32]): only four activations are live instead of a chunk's 16 (FP8). Each row's
-// operations are dot_chunk_x's, in its order, so the sums are its bits.
-template <mgl::dtype DT, int R>
-__device__ __forceinline__ void dot_chunk_rows(const uint4 (&w)[R], const float4* xs,
-                                               float (&acc)[R]) {
-    constexpr int f4 = chunk_elems_of<DT>() / 4;
-#pragma unroll
-    for (int s = 0; s < f4; ++s) {
-        const float4 x4 = xs[s * 32];
-        const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const uint32_t ws[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
-            if constexpr (DT == mgl::dtype::f32) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[r] = fmaf(__uint_as_float(ws[i]), x[i], acc[r]);
-            } else if constexpr (DT == mgl::dtype::bf16) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const float2 f = bf16x2_to_float2(ws[2 * s + i]);
-                    acc[r] = fmaf(f.x, x[2 * i], acc[r]);
-                    acc[r] = fmaf(f.y, x[2 * i + 1], acc[r]);
-                }
-            } else {
-                const float4 f = fp8x4_to_float4(ws[s]);
-                acc[r] = fmaf(f.x, x[0], acc[r]);
-                acc[r] = fmaf(f.y, x[1], acc[r]);
-                acc[r] = fmaf(f.z, x[2], acc[r]);
-                acc[r] = fmaf(f.w, x[3], acc[r]);
-            }
-        }
-    }
-}
-
-// Blocks of 8 warps per SM the register cap allows: 40 registers for U · R = 4 (the default
-// shape: no spills with any dtype pair), 64 for 8, 128 for 16 (ptxas -v).
-constexpr int split_min_blocks(int U, int R) { return U * R <= 4 ? 6 : U * R <= 8 ? 4 : 2; }
-
-template <mgl::dtype RDT, mgl::dtype SDT, int U, int R>
-__global__ void __launch_bounds__(split_max_threads, split_min_blocks(U, R))
-    decode_down_split_kernel(DecodeArgs a) {
-    pdl_launch_dependents();
-    extern __shared__ float4 smem4[];
-    constexpr unsigned tile_f4 = split_tile_float4s<RDT, SDT>();
-    constexpr unsigned r_f4 = chunk_elems_of<RDT>() / 4, s_f4 = chunk_elems_of<SDT>() / 4;
-    // Block indices in 32 bits (64-bit divisions cost registers and a stack frame).
-    const unsigned P = unsigned(a.down_split);
-    const unsigned part = blockIdx.x % P, group = blockIdx.x / P, t = blockIdx.y;
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t d0 = (int64_t(group) * (blockDim.x / 32) + warp) * R;
-    const int64_t r_row_bytes = a.n_ff * elem_bytes<RDT>();
-    const int64_t s_row_bytes = a.has_shared ? a.sh_n_ff * elem_bytes<SDT>() : 0;
-    const unsigned nch_r = unsigned(r_row_bytes / 16), nch_s = unsigned(s_row_bytes / 16);
-    const unsigned tiles_r = (nch_r + 31) / 32, tiles_s = (nch_s + 31) / 32;
-    const unsigned k = unsigned(a.k), routed_tiles = k * tiles_r;
-    const unsigned n_tiles = routed_tiles + tiles_s;
-    const unsigned tb = n_tiles * part / P, te = n_tiles * (part + 1) / P;
-
-    // Tile -> (segment, first chunk); warp-uniform.
-    auto locate = [&](unsigned tile, unsigned& seg, unsigned& c0) {
-        if (tile < routed_tiles) {
-            seg = tile / tiles_r;
-            c0 = (tile - seg * tiles_r) * 32;
-        } else {
-            seg = k;
-            c0 = (tile - routed_tiles) * 32;
-        }
-    };
-    // Lane j · R + r (j < k): slot j's down matrix (set after the wait) and, for row d0 + r,
-    // w_j and scale_j[d0 + r], multiplied only when first used so the loads overlap the tiles'.
-    const uint8_t* seg_ptr = nullptr;
-    uint4 w[U][R];
-    auto load_tile = [&](int u, unsigned tile) {
-        unsigned seg, c0;
-        locate(tile, seg, c0);
-        const bool routed = seg < k;
-        const uint8_t* p =
-            routed ? reinterpret_cast<const uint8_t*>(__shfl_sync(
-                         full_mask, reinterpret_cast<unsigned long long>(seg_ptr), seg * R))
-                   : a.sh_down;
-        const int64_t rb = routed ? r_row_bytes : s_row_bytes;
-        const unsigned c = c0 + lane;
-        const bool ok = p != nullptr && c < (routed ? nch_r : nch_s);
-        const uint8_t* q = ok ? p + d0 * rb + int64_t(c) * 16 : nullptr;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            w[u][r] = ok && d0 + r < a.D ? load_weights16(q + r * rb) : make_uint4(0, 0, 0, 0);
-    };
-    // The shared expert's weights never change: its first tiles are requested before the wait.
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (tb + u < te && tb + u >= routed_tiles) load_tile(u, tb + u);
-    pdl_wait();
-
-    float wj = 0.0f, scale = 1.0f;
-    {
-        const unsigned j = lane / R, r = lane % R;
-        if (j < k) {
-            const int32_t id = a.ids[t * k + j];
-            if (id >= 0 && id < a.n_experts) {
-                const uint8_t* base = reinterpret_cast<const uint8_t*>(a.table[id]);
-                seg_ptr = base + a.off_down;
-                const int64_t d = d0 + r;
-                if (RDT == mgl::dtype::f8_e4m3 && d < a.D)
-                    scale = reinterpret_cast<const float*>(base + a.off_down_scale)[d];
-                wj = a.weights[t * k + j];
-            }
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (tb + u < te && tb + u < routed_tiles) load_tile(u, tb + u);
-    const unsigned rows = blockDim.x / 32 * R;
-    const int64_t d_out = int64_t(group) * rows + threadIdx.x;
-
-    // Stage this part's activations while the loads fly (cp.async, as the tiled kernel), and
-    // the group's residual rows with them (into shared memory: a register held across the loop
-    // spills at this kernel's 40). Only the group's last block writes those rows of out, after
-    // this read, so it is safe with out == residual.
-    __shared__ float res_s[split_max_threads / 32 * 4];
-    if (a.residual && threadIdx.x < rows && d_out < a.D)
-        cp_async_4(res_s + threadIdx.x, a.residual + int64_t(t) * a.residual_stride + d_out);
-    {
-        const float4* act4 = reinterpret_cast<const float4*>(a.act + int64_t(t) * a.act_row);
-        const unsigned seg_r4 = unsigned(a.seg_r / 4);
-        const unsigned n = (te - tb) * tile_f4;
-        for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {
-            unsigned seg, c0;
-            locate(tb + i / tile_f4, seg, c0);
-            const unsigned s = i % tile_f4 / 32, c = c0 + i % 32;
-            const bool routed = seg < k;
-            if (s < (routed ? r_f4 : s_f4) && c < (routed ? nch_r : nch_s))
-                cp_async_16(smem4 + i, act4 + seg * seg_r4 + s * (routed ? nch_r : nch_s) + c);
-        }
-        cp_async_wait_all();
-        __syncthreads();
-    }
-
-    const float coef = wj * scale;  // the tiled kernel's w_j · scale_j[d]
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (unsigned t0 = tb; t0 < te; t0 += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const unsigned tile = t0 + u;
-            if (tile >= te) break;  // warp-uniform
-            unsigned seg, c0;
-            locate(tile, seg, c0);
-            const unsigned c = c0 + lane;
-            const float4* xs = smem4 + (tile - tb) * tile_f4 + lane;
-            if (seg < k) {
-                float cr[R];
-#pragma unroll
-                for (int r = 0; r < R; ++r) cr[r] = __shfl_sync(full_mask, coef, seg * R + r);
-                if (c < nch_r) {
-                    float dot[R];
-#pragma unroll
-                    for (int r = 0; r < R; ++r) dot[r] = 0.0f;
-                    dot_chunk_rows<RDT, R>(w[u], xs, dot);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) acc[r] = fmaf(cr[r], dot[r], acc[r]);
-                }
-            } else if (c < nch_s) {
-                dot_chunk_rows<SDT, R>(w[u], xs, acc);
-            }
-            if (tile + U < te) load_tile(u, tile + U);
-        }
-    }
-
-    // This block's sums, then the ticket: the P-th block to arrive finishes the group's rows.
-    const unsigned groups = a.split_groups;
-    const unsigned slot = t * groups + group;
-    float* sums = a.split_partial + int64_t(slot) * P * rows;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0) sums[part * rows + warp * R + r] = s;
-    }
-    __threadfence();  // the sums are visible device-wide before the ticket is taken
-    __syncthreads();
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.split_tickets + slot, 1u) == P - 1;
-        if (last) atomicExch(a.split_tickets + slot, 0u);  // every part has arrived: reset
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < rows && d_out < a.D) {
-        float s = 0.0f;
-        for (unsigned q = 0; q < P; ++q) s += __ldcg(sums + q * rows + threadIdx.x);
-        a.out[int64_t(t) * a.out_stride + d_out] = (a.residual ? res_s[threadIdx.x] : 0.0f) + s;
-    }
-}
-
-// The split launch 2's kernel for these dtypes (shared bf16 stands in when there is none).
-template <int U, int R>
-void launch_down_split_uR(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl,
-                          cudaStream_t stream) {
-    using mgl::dtype;
-    const bool sf32 = a.has_shared && a.stype == dtype::f32;
-    void (*kernel)(DecodeArgs) = nullptr;
-    int tile_f4 = 0;
-    auto pick = [&](auto rdt, auto sdt) {
-        kernel = decode_down_split_kernel<decltype(rdt)::value, decltype(sdt)::value, U, R>;
-        tile_f4 = split_tile_float4s<decltype(rdt)::value, decltype(sdt)::value>();
-    };
-    using F32 = std::integral_constant<dtype, dtype::f32>;
-    using BF16 = std::integral_constant<dtype, dtype::bf16>;
-    using F8 = std::integral_constant<dtype, dtype::f8_e4m3>;
-    switch (a.rtype) {
-        case dtype::f32:
-            sf32 ? pick(F32{}, F32{}) : pick(F32{}, BF16{});
-            break;
-        case dtype::bf16:
-            sf32 ? pick(BF16{}, F32{}) : pick(BF16{}, BF16{});
-            break;
-        default:
-            sf32 ? pick(F8{}, F32{}) : pick(F8{}, BF16{});
-            break;
-    }
-    const int P = a.down_split;
-    const dim3 grid(unsigned(a.split_groups) * unsigned(P), unsigned(a.T));
-    const size_t smem = size_t(split_max_tiles(a, P)) * size_t(tile_f4) * 16;
-    allow_dynamic_smem(kernel, smem);
-    launch_maybe_dependent(kernel, grid, dim3(unsigned(cfg.down_split_warps * 32)), smem, stream,
-                           pdl, a);
-}
-
-void launch_down_split(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl,
-                       cudaStream_t stream) {
-    const int R = cfg.down_rows_per_warp;
-    if (cfg.unroll == 2) {
-        R == 2 ? launch_down_split_uR<2, 2>(a, cfg, pdl, stream)
-               : launch_down_split_uR<2, 4>(a, cfg, pdl, stream);
-    } else {
-        R == 2 ? launch_down_split_uR<4, 2>(a, cfg, pdl, stream)
-               : launch_down_split_uR<4, 4>(a, cfg, pdl, stream);
-    }
-}
-
 // DecodeArgs::compact's block counts for `rows_per_block` rows per block (host side).
 void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
     if (a.T > 65535) moe_fail("moe_experts (decode): more than 65535 tokens for the compact grid");
@@ -1045,10 +754,7 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, g);
     }
     if (VEC && cfg.down_rows_per_warp > 1 && a.k * cfg.down_rows_per_warp <= 32) {
-        if (a.split_tickets)
-            launch_down_split(a, cfg, pdl, stream);
-        else
-            launch_down_tiled(a, cfg, pdl, stream);
+        launch_down_tiled(a, cfg, pdl, stream);
         return;
     }
     {
@@ -1068,28 +774,10 @@ int64_t act_row_floats(const MoeExpertsParams& p) {
            (has_shared(p) ? seg_floats(p.shared.n_ff) : 0);
 }
 
-// The split launch 2 runs for these parameters (where the tiled kernel would).
-bool uses_down_split(const MoeExpertsParams& p) {
-    const auto& c = p.decode;
-    return c.down_split > 0 && c.down_rows_per_warp > 1 && p.k * c.down_rows_per_warp <= 32 &&
-           weights_vec_aligned(p);
-}
-int64_t split_rows(const MoeDecodeConfig& c) {
-    return int64_t(c.down_split_warps) * c.down_rows_per_warp;
-}
-int64_t split_groups(const MoeExpertsParams& p) {
-    return (p.layout.n_embd + split_rows(p.decode) - 1) / split_rows(p.decode);
-}
-
 }  // namespace
 
 size_t decode_workspace_bytes(const MoeExpertsParams& p) {
-    size_t floats = size_t(p.n_tokens) * size_t(act_row_floats(p));
-    if (uses_down_split(p)) {  // the partial sums, then one ticket per (token, row group)
-        const size_t slots = size_t(p.n_tokens) * size_t(split_groups(p));
-        floats += slots * size_t(p.decode.down_split) * size_t(split_rows(p.decode)) + slots;
-    }
-    return floats * sizeof(float);
+    return size_t(p.n_tokens) * size_t(act_row_floats(p)) * sizeof(float);
 }
 
 void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream) {
@@ -1100,19 +788,15 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
         c.down_warps_per_row < 1 || c.down_warps % c.down_warps_per_row != 0 ||
         !(c.unroll == 2 || c.unroll == 4 || c.unroll == 8) ||
         !(c.down_rows_per_warp == 1 || c.down_rows_per_warp == 2 || c.down_rows_per_warp == 4) ||
-        !(c.gate_up_rows_per_warp == 1 || c.gate_up_rows_per_warp == 2) || c.down_split < 0 ||
-        c.down_split > 32 || c.down_split_warps < 1 || c.down_split_warps > 8)
+        !(c.gate_up_rows_per_warp == 1 || c.gate_up_rows_per_warp == 2))
         moe_fail("moe_experts (decode): bad config: gate_up_warps " +
                  std::to_string(c.gate_up_warps) + ", down_warps " + std::to_string(c.down_warps) +
                  ", down_warps_per_row " + std::to_string(c.down_warps_per_row) + ", unroll " +
                  std::to_string(c.unroll) + ", down_rows_per_warp " +
                  std::to_string(c.down_rows_per_warp) + ", gate_up_rows_per_warp " +
-                 std::to_string(c.gate_up_rows_per_warp) + ", down_split " +
-                 std::to_string(c.down_split) + ", down_split_warps " +
-                 std::to_string(c.down_split_warps) +
+                 std::to_string(c.gate_up_rows_per_warp) +
                  " (warps 1..16, warps_per_row dividing down_warps, unroll 2, 4 or 8, rows per "
-                 "warp 1, 2 or 4 in launch 2, 1 or 2 in launch 1, down_split 0..32, "
-                 "down_split_warps 1..8)");
+                 "warp 1, 2 or 4 in launch 2, 1 or 2 in launch 1)");
     const size_t need = decode_workspace_bytes(p);
     if (ws_bytes < need || (need && !ws))
         moe_fail("moe_experts (decode): workspace of " + std::to_string(ws_bytes) +
@@ -1159,20 +843,6 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
     a.warps_per_row = c.down_warps_per_row;
     a.compact = c.gate_up_compact_grid;  // its block counts: launch_decode, which knows R
-    if (uses_down_split(p)) {
-        const int64_t slots = p.n_tokens * split_groups(p);
-        a.down_split = c.down_split;
-        a.split_rows = int(split_rows(c));
-        a.split_groups = unsigned(split_groups(p));
-        a.split_partial = a.act + p.n_tokens * act_row;
-        a.split_tickets =
-            reinterpret_cast<unsigned*>(a.split_partial + slots * c.down_split * a.split_rows);
-        if (p.n_tokens > 65535 || a.split_groups * int64_t(c.down_split) > 0x7fffffff ||
-            size_t(split_max_tiles(a, c.down_split)) * 32 * 4 * 16 > max_smem_per_block - 1024)
-            moe_fail("moe_experts (decode): the split launch 2 cannot take T = " +
-                     std::to_string(p.n_tokens) + " or this many tiles per part (down_split " +
-                     std::to_string(c.down_split) + ")");
-    }
     a.norm = p.rms_norm;
     a.norm_w = p.norm_w;
     a.norm_w_bf16 = p.norm_w_type == mgl::dtype::bf16;

@@ -227,15 +227,7 @@ std::string describe(const MoeDecodeConfig& c) {
                   c.gate_up_warps, c.gate_up_rows_per_warp,
                   c.gate_up_compact_grid ? "" : " (full grid)", c.down_warps, c.down_warps_per_row,
                   c.down_rows_per_warp, c.down_act_in_shared ? "" : ", act via L1");
-    if (c.down_split == 0) return buf;
-    // The split launch 2 replaces down_warps and down_warps_per_row by its own shape.
-    char split[160];
-    std::snprintf(split, sizeof split,
-                  "unroll %d, gate_up %d warps x %d rows, down SPLIT %d parts x %d warps, %d "
-                  "rows/warp",
-                  c.unroll, c.gate_up_warps, c.gate_up_rows_per_warp, c.down_split,
-                  c.down_split_warps, c.down_rows_per_warp);
-    return split;
+    return buf;
 }
 
 // Median µs of one call(i) over batches of back-to-back calls (no host wait between the calls
@@ -344,6 +336,8 @@ int main() {
             p.n_tokens = 1;
             p.path = MoePath::decode;
             p.shared = shared.copy(0);  // the workspace holds the shared expert's activations too
+            const size_t ws_bytes = moe_experts_workspace_bytes(p) * 8;  // room for T = 8
+            void* ws = dmalloc(ws_bytes, 0);
             std::vector<MoeDecodeConfig> configs;
             for (int unroll : {2, 4, 8})
                 for (auto cvt : {Fp8Convert::hardware, Fp8Convert::bit_ops}) {
@@ -374,22 +368,6 @@ int main() {
             // The default reading launch 2's activations through L1 instead of shared memory.
             configs.push_back(MoeDecodeConfig{});
             configs.back().down_act_in_shared = false;
-            // Launch 2 split across blocks: (parts, warps per block, rows per warp, unroll).
-            constexpr int splits[][4] = {{4, 8, 2, 2}, {4, 4, 2, 2}, {2, 8, 2, 2}, {6, 8, 2, 2},
-                                         {8, 8, 2, 2}, {4, 8, 4, 2}, {4, 8, 2, 4}, {6, 4, 4, 2}};
-            for (const auto& [parts, warps, rows, unroll] : splits) {
-                configs.push_back(MoeDecodeConfig{});
-                configs.back().down_split = parts;
-                configs.back().down_split_warps = warps;
-                configs.back().down_rows_per_warp = rows;
-                configs.back().unroll = unroll;
-            }
-            size_t ws_bytes = 0;  // the most any configuration needs, with room for T = 8
-            for (const MoeDecodeConfig& c : configs) {
-                p.decode = c;
-                ws_bytes = std::max(ws_bytes, moe_experts_workspace_bytes(p) * 8);
-            }
-            void* ws = dmalloc(ws_bytes, 0);
             Best best;
             for (const MoeDecodeConfig& c : configs) {
                 p.decode = c;
@@ -412,28 +390,24 @@ int main() {
                           name(type), best.us, best.gbs, 100.0 * best.gbs / bw,
                           best.config.c_str());
             summary.push_back(line);
-            // Few tokens at the default configuration (routings of distinct experts per call), and
-            // with the split launch 2 (4 parts of 8 warps).
-            for (int64_t T : {2, 4, 8})
-                for (const int split : {0, 4}) {
-                    p.decode = MoeDecodeConfig{};
-                    p.decode.down_split = split;
-                    RoutingSets tsets(8, T, 12 + T);
-                    p.n_tokens = T;
-                    auto call = [&](int i) {
-                        p.ids = tsets.ids + (i % 8) * T * K;
-                        p.weights = tsets.weights + (i % 8) * T * K;
-                        p.shared = shared.copy(i);
-                        moe_experts(p, ws, ws_bytes, stream);
-                    };
-                    const Timing t = time_calls(call, stream, 40, true);
-                    const char* what = split ? "default + down_split=4" : "default";
-                    std::printf("| %s, T=%ld | %.1f | %.1f | | |\n", what, long(T), t.eager_us,
-                                t.graph_us);
-                    std::snprintf(line, sizeof line, "decode T=%ld %s (%s): %.1f us", long(T),
-                                  name(type), what, t.graph_us);
-                    summary.push_back(line);
-                }
+            // Few tokens at the default configuration (routings of distinct experts per call).
+            p.decode = MoeDecodeConfig{};
+            for (int64_t T : {2, 4, 8}) {
+                RoutingSets tsets(8, T, 12 + T);
+                p.n_tokens = T;
+                auto call = [&](int i) {
+                    p.ids = tsets.ids + (i % 8) * T * K;
+                    p.weights = tsets.weights + (i % 8) * T * K;
+                    p.shared = shared.copy(i);
+                    moe_experts(p, ws, ws_bytes, stream);
+                };
+                const Timing t = time_calls(call, stream, 40, true);
+                std::printf("| default, T=%ld | %.1f | %.1f | | |\n", long(T), t.eager_us,
+                            t.graph_us);
+                std::snprintf(line, sizeof line, "decode T=%ld %s (default config): %.1f us",
+                              long(T), name(type), t.graph_us);
+                summary.push_back(line);
+            }
             cudaFree(ws);
         }
 

@@ -109,15 +109,10 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c) {
             c.down_act_in_shared = value != 0;
         } else if (key == "unroll") {
             c.unroll = value;
-        } else if (key == "down_split") {
-            c.down_split = value;
-        } else if (key == "down_split_warps") {
-            c.down_split_warps = value;
         } else {
             throw error("MINIDS_MOE_DECODE: unknown key '" + key +
                         "' (gate_up_warps, gate_up_rows, gate_up_compact, down_warps, "
-                        "down_warps_per_row, down_rows, down_act_in_shared, unroll, down_split, "
-                        "down_split_warps)");
+                        "down_warps_per_row, down_rows, down_act_in_shared, unroll)");
         }
     }
 }

@@ -58,10 +58,9 @@ precise_switches precise_switches_from_env();
 
 // MINIDS_MOE_DECODE overrides the MoE decode kernels' tuning for a whole-model A/B without a
 // rebuild: a comma list of key=value among gate_up_warps, gate_up_rows, gate_up_compact (0/1),
-// down_warps, down_warps_per_row, down_rows, down_act_in_shared (0/1), unroll, down_split
-// (launch 2 split across P blocks, 0 = off), down_split_warps (kernels/moe.h, MoeDecodeConfig;
-// the launcher checks the values). An unknown key or a value that is not a number is an
-// error.
+// down_warps, down_warps_per_row, down_rows, down_act_in_shared (0/1), unroll (kernels/moe.h,
+// MoeDecodeConfig; the launcher checks the values). An unknown key or a value that is not a
+// number is an error.
 void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
 
 // MINIDS_CUDA_GEMM_X: how x enters the prompt's cuBLAS GEMMs: `split` (the default: a BF16
