@@ -177,7 +177,7 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 CHECK(st.hits == sim.hits);
                 CHECK(st.fills == sim.fills);
                 MESSAGE("CUDA expert offload, device fetch"
-                        << (fused ? " (route_fetch)" : "") << ", prompt chunks of " << ubatch
+                        << std::string(fused ? " (route_fetch)" : "") << ", prompt chunks of " << ubatch
                         << ", " << std::string(routing::policy_name(policy)) << " " << slots
                         << " of 160 slots: worst "
                         << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
