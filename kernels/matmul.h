@@ -106,11 +106,11 @@ struct MatmulParams {
     // the prompt's products then round like decode's (full-size V2-Lite: docs/fidelity.md).
     bool split_x = false;
 
-    // Which rules pick the stream path's shape when stream_config is -1: 1 (the measured
-    // default) or 2 (candidates from the 2026-12-02 H200 sweep, to A/B on the whole model:
-    // BF16 products of 20 MiB or more with two rows per warp instead of four, BF16 rows of 1 KiB
-    // with one; matmul_stream.cu, stream_default_config).
-    int stream_plan = 1;
+    // Which rules pick the stream path's shape when stream_config is -1: 2 (the default: the
+    // 2026-12-02 H200 sweep's shapes, BF16 products of 20 MiB or more with two rows per warp
+    // instead of four, BF16 rows of 1 KiB with one; tg128 500.0 vs 497.8 on the whole model)
+    // or 1 (the rules before it; matmul_stream.cu, stream_default_config).
+    int stream_plan = 2;
 
     // Overrides for tests and benchmarks; leave as is in production code.
     MatmulPath path = MatmulPath::automatic;

@@ -190,7 +190,7 @@ int stream_default_config(const MatmulParams& p) {
         // bench_matvec_cuda --stream-sweep on the H200, 2026-12-02 (fifth session), µs per launch
         // auto -> this: dense down bf16 22.16 -> 19.60, dense gate/up bf16 16.35 -> 15.28, lm_head
         // bf16 98.72 -> 98.37 (f8 keeps four rows: 85.8 against 134 with two); W_uv per head
-        // (1 KiB rows) 2.54 -> 2.17. Not yet measured on the whole model.
+        // (1 KiB rows) 2.54 -> 2.17. Whole model (sixth session): tg128 497.83 -> 500.02.
         if (!fp8 && p.n * row_bytes >= (int64_t(20) << 20)) return index_of(4, 4, 2);
         if (!fp8 && row_bytes > 512 && row_bytes <= 1024) return index_of(8, 4, 1);
     }

@@ -340,6 +340,8 @@ TEST_CASE("mgl cuda MINIDS_CUDA_GEMM_X and MINIDS_STREAM_PLAN (host only)") {
     const char* plan = std::getenv("MINIDS_STREAM_PLAN");
     const std::string saved_plan = plan ? plan : "";
     unsetenv("MINIDS_STREAM_PLAN");
+    CHECK(mgl::cuda::stream_plan_from_env() == 2);  // the default
+    setenv("MINIDS_STREAM_PLAN", "1", 1);
     CHECK(mgl::cuda::stream_plan_from_env() == 1);
     setenv("MINIDS_STREAM_PLAN", "2", 1);
     CHECK(mgl::cuda::stream_plan_from_env() == 2);

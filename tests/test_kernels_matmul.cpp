@@ -317,7 +317,7 @@ double run_case(const Case& c, const Cublas& blas) {
 
 }  // namespace
 
-TEST_CASE("cuda matmul stream plan 2 (MINIDS_STREAM_PLAN=2): the sweep's shapes (host only)") {
+TEST_CASE("cuda matmul stream plan 2 (the default): the sweep's shapes (host only)") {
     std::vector<uint8_t> dummy(64);
     uint8_t* aligned = dummy.data() + 16 - reinterpret_cast<uintptr_t>(dummy.data()) % 16;
     float* f = reinterpret_cast<float*>(aligned);
@@ -330,6 +330,10 @@ TEST_CASE("cuda matmul stream plan 2 (MINIDS_STREAM_PLAN=2): the sweep's shapes 
                                                   128, 512);
     w_uv.stream_plan = 2;
     CHECK(kernels::matmul_describe(w_uv) == "stream w8 u4 r1");
+    CHECK(kernels::matmul_params_contiguous(mgl::dtype::bf16, aligned, nullptr, f, f, 1, 1, 2048,
+                                            10944).stream_plan == 2);  // what production gets
+    down.stream_plan = 1;  // MINIDS_STREAM_PLAN=1: the rules before the sweep
+    CHECK(kernels::matmul_describe(down) == "stream w4 u4 r4");
 }
 
 TEST_CASE("cuda matmul chooses the path by M, dtype and layout") {

@@ -139,7 +139,7 @@ bool gemm_split_x_from_env() {
 }
 
 int stream_plan_from_env() {
-    return choice_from_env("MINIDS_STREAM_PLAN", {"1", "2"}) == 1 ? 2 : 1;
+    return choice_from_env("MINIDS_STREAM_PLAN", {"1", "2"}) == 0 ? 1 : 2;
 }
 
 minids::kernels::MoeGroupedKernel moe_grouped_kernel_from_env() {

@@ -68,8 +68,9 @@ void moe_decode_config_from_env(minids::kernels::MoeDecodeConfig& c);
 // `bf16` (one rounding to BF16, half the tensor-core work). Anything else is an error.
 bool gemm_split_x_from_env();
 
-// MINIDS_STREAM_PLAN: the rules for the decode products' stream GEMV shapes, 1 (the default)
-// or 2 (kernels/matmul.h, MatmulParams::stream_plan). Anything else is an error.
+// MINIDS_STREAM_PLAN: the rules for the decode products' stream GEMV shapes, 2 (the default)
+// or 1 (the rules before it; kernels/matmul.h, MatmulParams::stream_plan). Anything else is an
+// error.
 int stream_plan_from_env();
 
 // MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
