@@ -61,7 +61,8 @@ __device__ __forceinline__ int64_t global_ns() {
 // Plans one MoE layer's fetch: every thread of the block calls it (it synchronizes the block),
 // once the layer's ids are in memory this block can read and every earlier layer's fetch has
 // completed. `started` (thread 0's is kept) opens the layer's fetch interval: the moment its
-// routing was known to be done. With n_experts <= MaxE (the launchers check).
+// routing was known to be done. With n_experts <= MaxE (the launchers check) and whole warps,
+// at least one (warp 0 lists the misses).
 template <int MaxE>
 __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int64_t started) {
     mgl::expert_fetch_header* h = p.state;
@@ -69,6 +70,18 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     const int E = p.n_experts;
     const int64_t layer = p.layer;
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    // Thread 0 reads the header's counters now, so their loads are in flight while the block
+    // reads the ids and the table (one memory round trip less on the layer's critical path;
+    // every earlier writer of the header has completed, see above).
+    int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0;
+    int recycle = 0;
+    if (tid == 0) {
+        next_victim = h->next_victim;
+        first_fill = h->n_fills;
+        first_arrival = h->n_arrivals;
+        n_victims = h->n_victims;
+        recycle = h->recycle;
+    }
     for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = 0;
     __syncthreads();
     for (int64_t i = tid; i < p.n_ids; i += n_threads) {
@@ -80,23 +93,34 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     for (int e = tid; e < E; e += n_threads)
         s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] ? 1 : 0;
     __syncthreads();
-    if (tid == 0) {
+    if (tid < 32) {
+        // Warp 0 lists the misses in increasing order, 32 experts per ballot (a loop over every
+        // expert in thread 0 alone cost the layer microseconds of its critical path), and
+        // counts the used experts from the bit set (no id >= E sets a bit).
+        const unsigned lanes_below = (1u << tid) - 1u;
         int m = 0, n_used = 0;
-        for (int e = 0; e < E; ++e) {
-            n_used += is_used(s, e);
-            if (s.at_home[e]) s.misses[m++] = e;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + tid;
+            const bool miss = e < E && s.at_home[e];
+            const unsigned ballot = __ballot_sync(0xffffffffu, miss);
+            if (miss) s.misses[m + __popc(ballot & lanes_below)] = e;
+            m += __popc(ballot);
         }
-        s.n_misses = m;
-        s.next_victim = h->next_victim;
-        s.first_fill = h->n_fills;
-        s.first_arrival = h->n_arrivals;
-        s.recycle = h->recycle != 0 && m > 0;
-        const int64_t n_arr = h->n_arrivals;
-        s.n_arr = int32_t(n_arr < max_arrivals ? n_arr : max_arrivals);
-        // Each skipped victim holds a distinct used expert, so m + n_used candidates suffice.
-        // With every used expert in a slot (the usual decode step) no candidate is read.
-        const int64_t left = h->n_victims - s.next_victim, enough = m == 0 ? 0 : m + n_used;
-        s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
+        for (int i = tid; i < (E + 31) / 32; i += 32) n_used += __popc(s.used[i]);
+        for (int o = 16; o > 0; o >>= 1) n_used += __shfl_xor_sync(0xffffffffu, n_used, o);
+        if (tid == 0) {
+            s.n_misses = m;
+            s.next_victim = next_victim;
+            s.first_fill = first_fill;
+            s.first_arrival = first_arrival;
+            s.recycle = recycle != 0 && m > 0;
+            s.n_arr = int32_t(first_arrival < max_arrivals ? first_arrival : max_arrivals);
+            // Each skipped victim holds a distinct used expert, so m + n_used candidates
+            // suffice. With every used expert in a slot (the usual decode step) no candidate
+            // is read.
+            const int64_t left = n_victims - next_victim, enough = m == 0 ? 0 : m + n_used;
+            s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
+        }
     }
     __syncthreads();
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
