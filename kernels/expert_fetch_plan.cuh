@@ -75,12 +75,15 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     // every earlier writer of the header has completed, see above).
     int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0;
     int recycle = 0;
+    int64_t last_t0 = 0, last_t1 = 0;  // the previous layer's fetch interval
     if (tid == 0) {
         next_victim = h->next_victim;
         first_fill = h->n_fills;
         first_arrival = h->n_arrivals;
         n_victims = h->n_victims;
         recycle = h->recycle;
+        last_t0 = h->fetch_t0;
+        last_t1 = h->fetch_t1;
     }
     for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = 0;
     __syncthreads();
@@ -188,7 +191,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         h->n_arrivals = s.first_arrival + f;
         // The previous layer's fetch is over (its copies finished before this layer's routing
         // ran): add its interval and open this layer's, which its copy blocks extend.
-        if (h->fetch_t1 > h->fetch_t0) h->fetch_ns += h->fetch_t1 - h->fetch_t0;
+        if (last_t1 > last_t0) h->fetch_ns += last_t1 - last_t0;
         h->fetch_t0 = started;
         h->fetch_t1 = global_ns();
     }
