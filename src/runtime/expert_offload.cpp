@@ -51,7 +51,8 @@ void ExpertOffload::attach(Session& session) {
     // Always set, so a session that had another cache's fetch forgets it.
     session.set_expert_fetch(
         state_,
-        state_ ? std::function<void(int64_t)>([this](int64_t n) { before_step(n); }) : nullptr);
+        state_ ? std::function<void(int64_t)>([this](int64_t n) { before_step(n); }) : nullptr,
+        state_ ? std::function<void()>([this] { queue_fill_log(); }) : nullptr);
 }
 
 ExpertOffload::~ExpertOffload() {

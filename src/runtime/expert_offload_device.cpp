@@ -127,19 +127,29 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     backend_.copy_to_backend_async(base, counters_.data(), counters_.size() * sizeof(int64_t));
 }
 
+void ExpertOffload::queue_fill_log() {
+    // The header's counters and the fill log, in one download.
+    const size_t bytes = (kHeaderWords + size_t(most_fills_)) * sizeof(int64_t);
+    if (!log_host_ || log_host_->size() < bytes) log_host_ = backend_.alloc_host_buffer(bytes);
+    backend_.download_async(*state_, log_host_->base(), 0, bytes);
+    log_queued_ = true;
+}
+
 void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const int32_t L = config_.n_layers, E = config_.n_experts;
     const int64_t per_layer = r.n_tokens * r.k;
-    // The header's counters and the fill log, in one download.
-    const size_t words = kHeaderWords + size_t(most_fills_);
-    log_host_.resize(words);
-    backend_.download(*state_, log_host_.data(), 0, words * sizeof(int64_t));
+    if (!log_queued_) {  // a caller that did not queue it with the step (tests driving the hook)
+        queue_fill_log();
+        backend_.synchronize();
+    }
+    log_queued_ = false;
+    const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
-    std::memcpy(static_cast<void*>(&h), log_host_.data(), sizeof h);
+    std::memcpy(static_cast<void*>(&h), words, sizeof h);
     if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
         h.next_victim > int64_t(victims_.size()))
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
-    const auto* log = reinterpret_cast<const int32_t*>(log_host_.data() + kHeaderWords);
+    const auto* log = reinterpret_cast<const int32_t*>(words + kHeaderWords);
     int64_t f = 0;
     std::vector<int64_t> uses(static_cast<size_t>(E));
     for (int32_t l = 0; l < L; ++l) {

@@ -49,10 +49,12 @@ void Session::set_routing_override(RoutingOverride f) {
     routing_override_ = std::move(f);
 }
 
-void Session::set_expert_fetch(mgl::tensor* state, std::function<void(int64_t)> prepare) {
+void Session::set_expert_fetch(mgl::tensor* state, std::function<void(int64_t)> prepare,
+                               std::function<void()> collect) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
     expert_fetch_prepare_ = std::move(prepare);
+    expert_fetch_collect_ = std::move(collect);
 }
 
 std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, bool keep_named) {
@@ -174,16 +176,13 @@ void Session::report_tensors(const std::vector<mgl::tensor*>& nodes,
     }
 }
 
-void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
+void Session::queue_routing(StepGraph& s, int64_t T) {
     const auto& ids = s.routing_ids.empty() ? s.out.router_ids : s.routing_ids;
     const auto& wts = s.routing_ids.empty() ? s.out.router_weights : s.routing_weights;
-    RoutingRecord r;
-    r.n_tokens = T;
-    r.prefill = prefill;
-    r.k = model_.config().num_experts_per_tok;
-    const size_t per_layer = size_t(T * r.k);
+    const size_t per_layer = size_t(T * model_.config().num_experts_per_tok);
     // The expert cache needs only the ids; the weights are fetched for a routing observer. All
-    // layers' downloads go into one pinned staging buffer and cost one wait for the device.
+    // layers' downloads go into one pinned staging buffer, queued while the step still runs
+    // (26 small copies cost the host ~2 µs each), and cost one wait for the device.
     const bool weights = bool(routing_observer_);
     const size_t n = per_layer * ids.size();
     const size_t bytes = n * sizeof(int32_t) + (weights ? n * sizeof(float) : 0);
@@ -197,9 +196,22 @@ void Session::report_routing(StepGraph& s, int64_t T, bool prefill) {
             backend_.download_async(*wts[l], staged_wts + l * per_layer, 0,
                                     per_layer * sizeof(float));
     }
-    backend_.synchronize();
+    routing_queued_ = n;
+    routing_weights_queued_ = weights;
+    if (expert_fetch_collect_) expert_fetch_collect_();
+}
+
+void Session::report_routing(int64_t T, bool prefill) {
+    RoutingRecord r;
+    r.n_tokens = T;
+    r.prefill = prefill;
+    r.k = model_.config().num_experts_per_tok;
+    const size_t n = routing_queued_;
+    const auto* staged_ids = static_cast<const int32_t*>(routing_host_->base());
+    const auto* staged_wts = reinterpret_cast<const float*>(staged_ids + n);
     r.ids.assign(staged_ids, staged_ids + n);
-    if (weights) r.weights.assign(staged_wts, staged_wts + n);
+    if (routing_weights_queued_) r.weights.assign(staged_wts, staged_wts + n);
+    routing_queued_ = 0;
     if (expert_cache_hook_) expert_cache_hook_(r);
     if (routing_observer_) routing_observer_(r);
 }
@@ -251,13 +263,18 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     const size_t n_logits = size_t(s->out.logits->nelements());
     std::vector<float> out;
     const bool device = backend_.compute_memory() != mgl::memory_kind::host;
+    const bool routing = routing_observer_ || expert_cache_hook_;
+    bool routing_queued = false;
     if (device && n_logits * sizeof(float) <= max_staged_logits_bytes) {
         // Every decoded token downloads its logits (400 KB for a 102,400 vocabulary): through
         // pinned staging, as the driver stages a copy to pageable memory itself, more slowly.
-        // (A backend computing in host memory copies straight into the result.)
+        // (A backend computing in host memory copies straight into the result.) The routing's
+        // downloads join the same wait.
         const size_t bytes = n_logits * sizeof(float);
         auto* staged = static_cast<float*>(host_staging(logits_host_, bytes));
         backend_.download_async(*s->out.logits, staged, 0, bytes);
+        if (routing) queue_routing(*s, T);
+        routing_queued = routing;
         backend_.synchronize();
         if (view) {
             *view = std::span<float>(staged, n_logits);
@@ -272,7 +289,13 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
         out.resize(n_logits);
         backend_.download(*s->out.logits, out.data(), 0, n_logits * sizeof(float));
     }
-    if (routing_observer_ || expert_cache_hook_) report_routing(*s, T, !decode);
+    if (routing) {
+        if (!routing_queued) {
+            queue_routing(*s, T);
+            backend_.synchronize();
+        }
+        report_routing(T, !decode);
+    }
 
     cache_->advance(seq_, T);
     history_.insert(history_.end(), tokens.begin(), tokens.end());

@@ -83,8 +83,11 @@ public:
     // The expert cache's device fetch (runtime/expert_offload.h): each MoE layer's missing
     // experts are copied into slots by the graph itself (mgl::expert_fetch with `state`), and
     // `prepare` runs before every eval's graph with its token count (it offers the step's
-    // victim slots). A null state turns it off. Re-records the decode graph.
-    void set_expert_fetch(mgl::tensor* state, std::function<void(int64_t n_tokens)> prepare);
+    // victim slots). `collect` runs right after the graph is queued, so what it queues (the
+    // fetch's counters and fill log) comes back in the eval's one wait with the logits and the
+    // ids. A null state turns it off. Re-records the decode graph.
+    void set_expert_fetch(mgl::tensor* state, std::function<void(int64_t n_tokens)> prepare,
+                          std::function<void()> collect = nullptr);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // Decode steps go through the recorded graph (default). false records a fresh graph for
@@ -119,7 +122,10 @@ private:
     std::vector<float> run_chunk(std::span<const int32_t> tokens, bool all_logits,
                                  const TensorObserver* observe, std::span<float>* view = nullptr);
     void report_tensors(const std::vector<mgl::tensor*>& nodes, const TensorObserver& observe);
-    void report_routing(StepGraph& s, int64_t T, bool prefill);
+    // The routing's downloads (and the expert fetch's collect), queued into pinned staging for
+    // the eval's one wait; then, after that wait, the record for the hook and the observer.
+    void queue_routing(StepGraph& s, int64_t T);
+    void report_routing(int64_t T, bool prefill);
     // `buf`'s base, reallocated as a backend host buffer (pinned on a GPU) when it is smaller
     // than `bytes`.
     void* host_staging(mgl::buffer_ptr& buf, size_t bytes);
@@ -142,6 +148,9 @@ private:
     RoutingOverride routing_override_;
     mgl::tensor* expert_fetch_ = nullptr;
     std::function<void(int64_t)> expert_fetch_prepare_;
+    std::function<void()> expert_fetch_collect_;
+    size_t routing_queued_ = 0;  // ids queue_routing staged in routing_host_ (weights after them)
+    bool routing_weights_queued_ = false;
 };
 
 }  // namespace minids
