@@ -177,9 +177,9 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 CHECK(st.hits == sim.hits);
                 CHECK(st.fills == sim.fills);
                 MESSAGE("CUDA expert offload, device fetch"
-                        << std::string(fused ? " (route_fetch)" : "") << ", prompt chunks of " << ubatch
-                        << ", " << std::string(routing::policy_name(policy)) << " " << slots
-                        << " of 160 slots: worst "
+                        << std::string(fused ? " (route_fetch)" : "") << ", prompt chunks of "
+                        << ubatch << ", " << std::string(routing::policy_name(policy)) << " "
+                        << slots << " of 160 slots: worst "
                         << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
                         << st.accesses << ", " << st.fills << " fills, " << st.reads_in_place
                         << " reads in place, " << double(st.fetch_ns) / 1e6

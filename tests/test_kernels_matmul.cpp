@@ -331,8 +331,9 @@ TEST_CASE("cuda matmul stream plan 2 (the default): the sweep's shapes (host onl
     w_uv.stream_plan = 2;
     CHECK(kernels::matmul_describe(w_uv) == "stream w8 u4 r1");
     CHECK(kernels::matmul_params_contiguous(mgl::dtype::bf16, aligned, nullptr, f, f, 1, 1, 2048,
-                                            10944).stream_plan == 2);  // what production gets
-    down.stream_plan = 1;  // MINIDS_STREAM_PLAN=1: the rules before the sweep
+                                            10944)
+              .stream_plan == 2);  // what production gets
+    down.stream_plan = 1;          // MINIDS_STREAM_PLAN=1: the rules before the sweep
     CHECK(kernels::matmul_describe(down) == "stream w4 u4 r4");
 }
 

@@ -152,12 +152,11 @@ private:
     mgl::tensor* state_ = nullptr;
     mgl::buffer_ptr state_buf_;
     std::vector<int32_t> victims_;
-    std::vector<mgl::expert_fetch_rank> victim_ranks_, key_ranks_;
-    std::vector<routing::Rank> arrival_ranks_;  // the policy's, before they become key_ranks_
-    int64_t most_fills_ = 0;  // the most fills the step before_step prepared can log
-    std::vector<int64_t> counters_;
-    mgl::buffer_ptr log_host_;  // pinned: the header and fill log queue_fill_log downloads
-    bool log_queued_ = false;   // queue_fill_log ran for the step not yet replayed
+    std::vector<routing::Rank> arrival_ranks_;  // the policy's, before they become key ranks
+    int64_t most_fills_ = 0;       // the most fills the step before_step prepared can log
+    mgl::buffer_ptr upload_host_;  // pinned: the counters, then the victims and ranks uploaded
+    mgl::buffer_ptr log_host_;     // pinned: the header and fill log queue_fill_log downloads
+    bool log_queued_ = false;      // queue_fill_log ran for the step not yet replayed
 };
 
 }  // namespace minids

@@ -16,23 +16,27 @@ constexpr size_t kHeaderWords = sizeof(mgl::expert_fetch_header) / sizeof(int64_
 static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
 
 // Where the device fetch's arrays sit in its state buffer, in i64 words: the header and the fill
-// log first (after a step the host downloads both in one copy), then the rest. A step fills each
-// key at most once, so the fill log and the arrivals hold n_layers · n_experts entries.
+// log first (after a step the host downloads both in one copy), then what the host uploads
+// before each step, back to back (victims, their ranks, the keys' arrival ranks: one copy), then
+// the rest. A step fills each key at most once, so the fill log and the arrivals hold
+// n_layers · n_experts entries.
 struct StateLayout {
-    size_t fill_log, arrivals, victim_ranks, key_ranks, tables, homes, victims, slot_keys, words;
+    size_t fill_log, arrivals, victims, victim_ranks, key_ranks, tables, homes, slot_keys, words;
     StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots) {
         const auto keys = size_t(n_layers * n_experts), slots = size_t(n_slots);
         fill_log = kHeaderWords;                   // a (key, slot) pair of i32 per word
         arrivals = fill_log + keys;                // i32
-        victim_ranks = arrivals + (keys + 1) / 2;  // two words per expert_fetch_rank
+        victims = arrivals + (keys + 1) / 2;       // i32
+        victim_ranks = victims + (slots + 1) / 2;  // two words per expert_fetch_rank
         key_ranks = victim_ranks + 2 * slots;
         tables = key_ranks + 2 * keys;
         homes = tables + size_t(n_layers);
-        victims = homes + keys;
-        slot_keys = victims + (slots + 1) / 2;
+        slot_keys = homes + keys;
         words = slot_keys + (slots + 1) / 2;
     }
 };
+// The header's counters the host sets before a step (n_victims ... fetch_t1).
+constexpr size_t kCounterWords = 9;
 static_assert(sizeof(mgl::expert_fetch_rank) == 2 * sizeof(int64_t));
 
 // The most arrivals a step may rank against its victims: the CUDA plan kernel keeps them in
@@ -98,33 +102,42 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     const bool recycle = !prompt && most <= kMostRecycledArrivals;
     const StateLayout at(L, E, config_.n_slots);
     auto* base = static_cast<int64_t*>(state_buf_->base());
-    victim_ranks_.resize(victims_.size());
+    // Everything goes up from pinned memory (a pageable source makes the driver stage each copy
+    // while the GPU idles between steps) in two copies: the counters, and the victims with the
+    // ranks, laid out there as in the state. The staging is rewritten only after the step's
+    // wait, when these copies are long done.
+    const size_t span = at.tables - at.victims;  // victims .. the end of key_ranks, in words
+    if (!upload_host_)
+        upload_host_ = backend_.alloc_host_buffer((kCounterWords + span) * sizeof(int64_t));
+    auto* counters = static_cast<int64_t*>(upload_host_->base());
+    int64_t* staged = counters + kCounterWords;  // the state's word at.victims
+    std::copy(victims_.begin(), victims_.end(), reinterpret_cast<int32_t*>(staged));
+    auto* victim_ranks =
+        reinterpret_cast<mgl::expert_fetch_rank*>(staged + (at.victim_ranks - at.victims));
     for (size_t i = 0; i < victims_.size(); ++i) {
         const int32_t v = victims_[i];
         const routing::Rank r = slot_key_[size_t(v)] < 0
                                     ? routing::Rank{-std::numeric_limits<double>::infinity(), 0}
                                     : cache_->rank(v);
-        victim_ranks_[i] = {r.first, r.second};
+        victim_ranks[i] = {r.first, r.second};
     }
-    if (!victims_.empty()) {
-        backend_.copy_to_backend_async(base + at.victims, victims_.data(),
-                                       victims_.size() * sizeof(int32_t));
-        backend_.copy_to_backend_async(base + at.victim_ranks, victim_ranks_.data(),
-                                       victim_ranks_.size() * sizeof(mgl::expert_fetch_rank));
-    }
+    size_t words = victims_.empty() ? 0 : at.victim_ranks - at.victims + 2 * victims_.size();
     if (recycle) {
         arrival_ranks_.resize(size_t(L * E));
         cache_->arrival_ranks(arrival_ranks_);
-        key_ranks_.resize(arrival_ranks_.size());
-        for (size_t i = 0; i < key_ranks_.size(); ++i)
-            key_ranks_[i] = {arrival_ranks_[i].first, arrival_ranks_[i].second};
-        backend_.copy_to_backend_async(base + at.key_ranks, key_ranks_.data(),
-                                       key_ranks_.size() * sizeof(mgl::expert_fetch_rank));
+        auto* key_ranks =
+            reinterpret_cast<mgl::expert_fetch_rank*>(staged + (at.key_ranks - at.victims));
+        for (size_t i = 0; i < arrival_ranks_.size(); ++i)
+            key_ranks[i] = {arrival_ranks_[i].first, arrival_ranks_[i].second};
+        words = span;
     }
+    if (words) backend_.copy_to_backend_async(base + at.victims, staged, words * sizeof(int64_t));
     // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals, fetch_ns, fetch_t0,
     // fetch_t1
-    counters_ = {int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0, 0, 0, 0};
-    backend_.copy_to_backend_async(base, counters_.data(), counters_.size() * sizeof(int64_t));
+    const int64_t c[kCounterWords] = {
+        int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0, 0, 0, 0};
+    std::copy(c, c + kCounterWords, counters);
+    backend_.copy_to_backend_async(base, counters, kCounterWords * sizeof(int64_t));
 }
 
 void ExpertOffload::queue_fill_log() {
