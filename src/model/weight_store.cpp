@@ -36,11 +36,11 @@ uint64_t available_host_memory() {
     return uint64_t(kib) * 1024;
 }
 
-AnonymousMemory::AnonymousMemory(size_t bytes) : n_(bytes) {
+AnonymousMemory::AnonymousMemory(size_t bytes, bool huge_pages) : n_(bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return;
     // Huge pages where the system allows: fewer faults while filling, fewer pages to pin.
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    if (huge_pages) (void)madvise(p, bytes, MADV_HUGEPAGE);
     p_ = static_cast<uint8_t*>(p);
 }
 
@@ -134,7 +134,13 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     const uint64_t available = available_host_memory();
     const bool room = available == 0 || span + (uint64_t(2) << 30) <= available;
     if (!want_mapped && room && backend_.compute_memory() != mgl::memory_kind::host) {
-        expert_copy_ = std::make_unique<AnonymousMemory>(size_t(span));
+        // MINIDS_EXPERT_COPY_HUGEPAGES=0 leaves the copy to the system's default pages: the
+        // first 12 GiB load after a conversion filled it 2-10x slower than later loads on the
+        // H200 machine, with huge pages every time (docs/perf.md, sixth session); this switch
+        // is the A/B for the suspect, direct compaction. Not yet measured.
+        const char* huge = std::getenv("MINIDS_EXPERT_COPY_HUGEPAGES");
+        expert_copy_ =
+            std::make_unique<AnonymousMemory>(size_t(span), !(huge && std::string(huge) == "0"));
         if (!expert_copy_->data()) expert_copy_.reset();  // no room: register the mapping
     }
     const uint8_t* store = lo;  // where the span is in host memory: the copy or the mapping

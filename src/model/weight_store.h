@@ -38,7 +38,8 @@ uint64_t available_host_memory();
 // refused.
 class AnonymousMemory {
 public:
-    explicit AnonymousMemory(size_t bytes);
+    // `huge_pages`: asks for transparent huge pages (MADV_HUGEPAGE).
+    explicit AnonymousMemory(size_t bytes, bool huge_pages = true);
     ~AnonymousMemory();
     AnonymousMemory(const AnonymousMemory&) = delete;
     AnonymousMemory& operator=(const AnonymousMemory&) = delete;
