@@ -245,6 +245,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
         CHECK(st.fills > slots);  // slots were refilled
         CHECK(st.hits > 0);
         if (slots == 8) CHECK(st.reads_in_place > 0);
+        CHECK(st.host_ns > 0);  // before_step's time, through attach's prepare
         MESSAGE("device fetch, " << std::string(routing::policy_name(policy)) << " " << slots
                                  << " slots: " << st.hits << " hits of " << st.accesses << ", "
                                  << st.fills << " fills, " << st.reads_in_place

@@ -168,11 +168,13 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
             stderr,
             "minids bench: expert cache %lld slots %s admit %s fetch %s, %-20s first token %.3f s, "
             "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
-            "%.1f MiB over the link per token, waiting on the fetch %s ms per token\n",
+            "%.1f MiB over the link per token, waiting on the fetch %s ms per token, host "
+            "bookkeeping %.1f us per token\n",
             (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), name,
             ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
             ph.mib_link_per_token,
-            ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-");
+            ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
+            ng > 0 ? double(decode.host_ns) / 1e3 / double(ng) : 0.0);
         phases.push_back(ph);
     }
 }

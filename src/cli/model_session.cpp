@@ -251,6 +251,12 @@ std::string expert_cache_summary(const LoadedModel& m) {
                       double(st.fetch_ns) / 1e6, double(st.fetch_ns) / 1e6 / double(st.steps));
         out += s;
     }
+    // The cache's host work between a step's wait and the next launch (the GPU idles).
+    if (st.steps > 0) {
+        std::snprintf(s, sizeof s, ", %.1f us of host bookkeeping per step",
+                      double(st.host_ns) / 1e3 / double(st.steps));
+        out += s;
+    }
     return out;
 }
 

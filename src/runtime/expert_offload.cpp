@@ -1,6 +1,7 @@
 #include "runtime/expert_offload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -46,12 +47,41 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
     if (device_fetch) setup_device_fetch();
 }
 
+namespace {
+
+// Adds the scope's duration to `ns` (OffloadStats::host_ns).
+class HostTime {
+public:
+    explicit HostTime(uint64_t& ns) : ns_(ns) {}
+    ~HostTime() {
+        ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - t0_)
+                            .count());
+    }
+    HostTime(const HostTime&) = delete;
+    HostTime& operator=(const HostTime&) = delete;
+
+private:
+    uint64_t& ns_;
+    std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
 void ExpertOffload::attach(Session& session) {
-    session.set_expert_cache_hook([this](const RoutingRecord& r) { after_step(r); });
-    // Always set, so a session that had another cache's fetch forgets it.
+    session.set_expert_cache_hook([this](const RoutingRecord& r) {
+        HostTime t(stats_.host_ns);
+        after_step(r);
+    });
+    // Always set, so a session that had another cache's fetch forgets it. (queue_fill_log runs
+    // while the step does: not counted as host time.)
     session.set_expert_fetch(
         state_,
-        state_ ? std::function<void(int64_t)>([this](int64_t n) { before_step(n); }) : nullptr,
+        state_ ? std::function<void(int64_t)>([this](int64_t n) {
+            HostTime t(stats_.host_ns);
+            before_step(n);
+        })
+               : nullptr,
         state_ ? std::function<void()>([this] { queue_fill_log(); }) : nullptr);
 }
 

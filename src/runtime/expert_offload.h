@@ -48,6 +48,10 @@ struct OffloadStats {
     // Device fetch on a GPU: time the MoE layers waited on their fetch (each layer's plan start to
     // its last copy's end, the device's timer). 0 for the host fetch, which is not timed.
     uint64_t fetch_ns = 0;
+    // Host time of the cache's own work around the steps (the policy's victims and ranks before
+    // a step, the replay of its routing after it, the table uploads): on the path between the
+    // step's wait and the next launch, where the GPU idles.
+    uint64_t host_ns = 0;
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
     // Bytes over the host link: fills and reads in place.
     uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place; }
@@ -60,7 +64,8 @@ struct OffloadStats {
                 bytes_filled - earlier.bytes_filled,
                 reads_in_place - earlier.reads_in_place,
                 bytes_read_in_place - earlier.bytes_read_in_place,
-                fetch_ns - earlier.fetch_ns};
+                fetch_ns - earlier.fetch_ns,
+                host_ns - earlier.host_ns};
     }
 };
 
