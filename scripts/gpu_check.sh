@@ -7,6 +7,7 @@
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
 #                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...] [--ab-hits]
+#                        [--hugepages-ab]
 #
 # --ab VAR=VALUE (repeatable) runs the demo model (GPU vs CPU) and the FP8 tg128 and pp512 once
 # more with that environment variable set: one binary A/Bs a switch on the whole model.
@@ -19,6 +20,8 @@
 # and of the prompt pass) whose tables go to $OUT/profile_f8.log.
 # --norm-out also runs the demo model (GPU vs CPU) and the FP8 tg128 with the norm_out fusion on,
 # and with norm_out and router_route on (MINIDS_CUDA_FUSE; both off by default until measured).
+# --hugepages-ab converts the FP8 model once more and measures the 12 GiB plan's first load after
+# that conversion (and a second) with MINIDS_EXPERT_COPY_HUGEPAGES=0, beside the default's pair.
 # --ncu adds scripts/ncu_decode.sh: Nsight Compute's time of every kernel of one decode step
 # (table in $OUT/ncu_summary.txt, its top lines in the summary).
 #
@@ -34,7 +37,7 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
 KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
-AB_HITS=0
+AB_HITS=0 HUGEPAGES_AB=0
 AB=()
 while [[ $# -gt 0 ]]; do
     a=$1
@@ -51,6 +54,7 @@ while [[ $# -gt 0 ]]; do
         --fetch-compare) FETCH_COMPARE=1 ;;
         --ncu) NCU=1 ;;
         --norm-out) NORM_OUT=1 ;;
+        --hugepages-ab) HUGEPAGES_AB=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -161,6 +165,18 @@ bench_model() {  # $1 = expert dtype
         # were obtained both times, docs/perf.md), so both are reported.
         ttft_line "v2-lite $1, 12 GiB plan (first load after the conversion)" "ttft_$1_12g" -m "$f" --vram-budget 12GiB
         ttft_line "v2-lite $1, 12 GiB plan (loaded again)" "ttft_$1_12g_again" -m "$f" --vram-budget 12GiB
+        if [[ $HUGEPAGES_AB == 1 ]]; then  # the same first load without the huge-page advice
+            rm -f "$f"
+            timeout 300 "$BIN/minids" convert -q --synthetic v2-lite --expert-dtype "$1" -o "$f" \
+                >> "$OUT/convert_$1.log" 2>&1
+            cat "$f" > /dev/null
+            MINIDS_EXPERT_COPY_HUGEPAGES=0 ttft_line \
+                "v2-lite $1, 12 GiB plan, MINIDS_EXPERT_COPY_HUGEPAGES=0 (first load after the conversion)" \
+                "ttft_$1_12g_nohuge" -m "$f" --vram-budget 12GiB
+            MINIDS_EXPERT_COPY_HUGEPAGES=0 ttft_line \
+                "v2-lite $1, 12 GiB plan, MINIDS_EXPERT_COPY_HUGEPAGES=0 (loaded again)" \
+                "ttft_$1_12g_nohuge_again" -m "$f" --vram-budget 12GiB
+        fi
     fi
     local reps=5; [[ $QUICK == 1 ]] && reps=2
     timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r $reps -o md > "$OUT/bench_$1.md" 2> "$OUT/bench_$1.log"
