@@ -173,6 +173,25 @@ struct RoutingSets {
     }
 };
 
+// moe_experts' parameters over `ex` for T tokens of `x` into `out`, with the shared expert's
+// first copy and the first routing of `sets`; the callers set the path, the residual and
+// whatever they vary per call.
+MoeExpertsParams params_for(const Experts& ex, const RoutingSets& sets, int64_t T, float* x,
+                            float* out, const Shared& shared) {
+    MoeExpertsParams p;
+    p.expert_table = ex.table;
+    p.n_experts = E;
+    p.layout = ex.layout;
+    p.ids = sets.ids;
+    p.weights = sets.weights;
+    p.k = int(K);
+    p.x = x;
+    p.out = out;
+    p.n_tokens = T;
+    p.shared = shared.copy(0);
+    return p;
+}
+
 struct Timing {
     float eager_us = 0, graph_us = 0;
 };
@@ -325,17 +344,10 @@ int main() {
                 name(type), bytes / 1e6, bytes / (bw * 1e3));
             std::printf("| config | eager us | in graph us | GB/s (graph) | of copy bw |\n");
             std::printf("|---|---|---|---|---|\n");
-            MoeExpertsParams p;
-            p.expert_table = ex.table;
-            p.n_experts = E;
-            p.layout = ex.layout;
-            p.k = int(K);
-            p.x = x;
-            p.out = out;
+            // (with the shared expert: the workspace holds its activations too)
+            MoeExpertsParams p = params_for(ex, sets, 1, x, out, shared);
             p.residual = out;
-            p.n_tokens = 1;
             p.path = MoePath::decode;
-            p.shared = shared.copy(0);  // the workspace holds the shared expert's activations too
             const size_t ws_bytes = moe_experts_workspace_bytes(p) * 8;  // room for T = 8
             void* ws = dmalloc(ws_bytes, 0);
             std::vector<MoeDecodeConfig> configs;
@@ -419,18 +431,8 @@ int main() {
             std::printf("| tokens | kernels | ms | TFLOP/s |\n|---|---|---|---|\n");
             for (int64_t T : {128, 512, 2048}) {
                 RoutingSets sets(1, T, 21 + T);
-                MoeExpertsParams p;
-                p.expert_table = ex.table;
-                p.n_experts = E;
-                p.layout = ex.layout;
-                p.ids = sets.ids;
-                p.weights = sets.weights;
-                p.k = int(K);
-                p.x = x;
-                p.out = out;
+                MoeExpertsParams p = params_for(ex, sets, T, x, out, shared);
                 p.residual = out;
-                p.n_tokens = T;
-                p.shared = shared.copy(0);
                 p.path = MoePath::grouped;
                 const size_t ws_bytes = moe_experts_workspace_bytes(p);
                 void* ws = dmalloc(ws_bytes, 0);
@@ -481,17 +483,7 @@ int main() {
             std::printf("|---|---|---|---|---|---|\n");
             for (int64_t T : {128, 512, 2048}) {
                 RoutingSets sets(1, T, 21 + T);
-                MoeExpertsParams p;
-                p.expert_table = ex.table;
-                p.n_experts = E;
-                p.layout = ex.layout;
-                p.ids = sets.ids;
-                p.weights = sets.weights;
-                p.k = int(K);
-                p.x = x;
-                p.out = out;
-                p.n_tokens = T;
-                p.shared = shared.copy(0);
+                MoeExpertsParams p = params_for(ex, sets, T, x, out, shared);
                 p.path = MoePath::grouped;
                 p.grouped.kernel = MoeGroupedKernel::pipelined;  // the larger workspace
                 const size_t ws_bytes = moe_experts_workspace_bytes(p);
