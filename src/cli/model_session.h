@@ -32,7 +32,7 @@ struct ModelFlags {
     int n_threads = 0;          // -t; 0: physical cores
     std::string chat_template;  // --chat-template; empty: the model's own
     bool cpu = false;           // --cpu: run on the CPU even when a GPU is present
-    std::string cache_type;     // --cache-type-k: f32 | bf16 | f16 (empty: bf16 GPU, f32 CPU)
+    std::string cache_type;     // --cache-type-k: f32 | bf16 | f16 (empty: f16 GPU, f32 CPU)
     int64_t n_ubatch = 512;     // --ubatch-size: most prompt tokens in one graph
     bool cuda_graphs = true;    // --no-cuda-graphs turns the decode-step graph replay off
     // -ngl / --n-gpu-layers, as llama.cpp: 0 runs on the CPU; any other value means the GPU, with
