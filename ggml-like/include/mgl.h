@@ -436,6 +436,12 @@ public:
     // Host memory the backend copies to and from fastest (pinned for CUDA); base() is a host
     // pointer.
     virtual buffer_ptr alloc_host_buffer(size_t bytes) = 0;
+    // Staging kept by a caller across calls: `buf`'s base, reallocated with alloc_host_buffer when
+    // it is null or smaller than `bytes`.
+    void* host_staging(buffer_ptr& buf, size_t bytes) {
+        if (!buf || buf->size() < bytes) buf = alloc_host_buffer(bytes);
+        return buf->base();
+    }
     // Registers existing host memory [p, p + n); null when the backend or the system refuses (the
     // caller then copies through alloc_host_buffer staging). The CPU backend needs nothing and
     // returns an identity registration.

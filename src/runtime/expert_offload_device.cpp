@@ -107,9 +107,8 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     // ranks, laid out there as in the state. The staging is rewritten only after the step's
     // wait, when these copies are long done.
     const size_t span = at.tables - at.victims;  // victims .. the end of key_ranks, in words
-    if (!upload_host_)
-        upload_host_ = backend_.alloc_host_buffer((kCounterWords + span) * sizeof(int64_t));
-    auto* counters = static_cast<int64_t*>(upload_host_->base());
+    auto* counters = static_cast<int64_t*>(
+        backend_.host_staging(upload_host_, (kCounterWords + span) * sizeof(int64_t)));
     int64_t* staged = counters + kCounterWords;  // the state's word at.victims
     std::copy(victims_.begin(), victims_.end(), reinterpret_cast<int32_t*>(staged));
     auto* victim_ranks =
@@ -143,8 +142,7 @@ void ExpertOffload::before_step(int64_t n_tokens) {
 void ExpertOffload::queue_fill_log() {
     // The header's counters and the fill log, in one download.
     const size_t bytes = (kHeaderWords + size_t(most_fills_)) * sizeof(int64_t);
-    if (!log_host_ || log_host_->size() < bytes) log_host_ = backend_.alloc_host_buffer(bytes);
-    backend_.download_async(*state_, log_host_->base(), 0, bytes);
+    backend_.download_async(*state_, backend_.host_staging(log_host_, bytes), 0, bytes);
     log_queued_ = true;
 }
 

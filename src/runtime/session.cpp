@@ -187,7 +187,7 @@ void Session::queue_routing(StepGraph& s, int64_t T) {
     const size_t n = per_layer * ids.size();
     const size_t bytes = n * sizeof(int32_t) + (weights ? n * sizeof(float) : 0);
     auto* staged_ids =
-        static_cast<int32_t*>(host_staging(routing_host_, std::max<size_t>(bytes, 4096)));
+        static_cast<int32_t*>(backend_.host_staging(routing_host_, std::max<size_t>(bytes, 4096)));
     auto* staged_wts = reinterpret_cast<float*>(staged_ids + n);
     for (size_t l = 0; l < ids.size(); ++l) {
         backend_.download_async(*ids[l], staged_ids + l * per_layer, 0,
@@ -214,11 +214,6 @@ void Session::report_routing(int64_t T, bool prefill) {
     routing_queued_ = 0;
     if (expert_cache_hook_) expert_cache_hook_(r);
     if (routing_observer_) routing_observer_(r);
-}
-
-void* Session::host_staging(mgl::buffer_ptr& buf, size_t bytes) {
-    if (!buf || buf->size() < bytes) buf = backend_.alloc_host_buffer(bytes);
-    return buf->base();
 }
 
 // Logits up to this size go through a pinned staging buffer kept by the session (one token's
@@ -271,7 +266,7 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
         // (A backend computing in host memory copies straight into the result.) The routing's
         // downloads join the same wait.
         const size_t bytes = n_logits * sizeof(float);
-        auto* staged = static_cast<float*>(host_staging(logits_host_, bytes));
+        auto* staged = static_cast<float*>(backend_.host_staging(logits_host_, bytes));
         backend_.download_async(*s->out.logits, staged, 0, bytes);
         if (routing) queue_routing(*s, T);
         routing_queued = routing;

@@ -126,9 +126,6 @@ private:
     // the eval's one wait; then, after that wait, the record for the hook and the observer.
     void queue_routing(StepGraph& s, int64_t T);
     void report_routing(int64_t T, bool prefill);
-    // `buf`'s base, reallocated as a backend host buffer (pinned on a GPU) when it is smaller
-    // than `bytes`.
-    void* host_staging(mgl::buffer_ptr& buf, size_t bytes);
 
     const Deepseek2Model& model_;
     mgl::backend& backend_;
