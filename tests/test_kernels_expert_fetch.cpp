@@ -30,7 +30,7 @@ namespace {
 const bool no_gpu = !test::cuda_device_available();
 
 // The counters of mgl::expert_fetch_header the host sets before a step (in this order).
-constexpr size_t kCounterWords = 9;
+constexpr size_t kCounterWords = mgl::expert_fetch_counter_words;
 
 // Everything one path's fetch reads and writes: header, tables, slots and the arrays the header
 // points at (the layout of src/runtime/expert_offload_device.cpp does not matter here).

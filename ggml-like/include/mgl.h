@@ -183,6 +183,9 @@ struct expert_fetch_header {
     int64_t key_ranks = 0;     // [n_layers · n_experts] expert_fetch_rank a key takes on arrival
     int64_t arrivals = 0;      // [n_slots] i32: slots filled in this step (-1: taken again)
 };
+// The header's words a host sets before every step: the counters, n_victims to fetch_t1.
+inline constexpr size_t expert_fetch_counter_words =
+    offsetof(expert_fetch_header, n_layers) / sizeof(int64_t);
 // A slot's place in the cache policy's eviction order: the lower (priority, then stamp) goes
 // first.
 struct expert_fetch_rank {

@@ -35,8 +35,7 @@ struct StateLayout {
         words = slot_keys + (slots + 1) / 2;
     }
 };
-// The header's counters the host sets before a step (n_victims ... fetch_t1).
-constexpr size_t kCounterWords = 9;
+constexpr size_t kCounterWords = mgl::expert_fetch_counter_words;
 static_assert(sizeof(mgl::expert_fetch_rank) == 2 * sizeof(int64_t));
 
 // The most arrivals a step may rank against its victims: the CUDA plan kernel keeps them in
