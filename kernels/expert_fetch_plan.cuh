@@ -87,9 +87,14 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     }
     for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = 0;
     __syncthreads();
+    // The ids also go to the id log when they fit (the host's copy of the step's routing).
+    auto* id_log = reinterpret_cast<int32_t*>(h->id_log);
+    const int64_t id_log_stride = h->id_log_stride;
+    if (p.n_ids > id_log_stride) id_log = nullptr;
     for (int64_t i = tid; i < p.n_ids; i += n_threads) {
         const int32_t e = p.ids[i];
         if (e >= 0 && e < E) atomicOr(&s.used[e >> 5], 1u << (e & 31));
+        if (id_log) id_log[layer * id_log_stride + i] = e;
     }
     __syncthreads();
     // Which used experts are home (to fetch): their table entry against their home address.

@@ -4,7 +4,8 @@
 // over many steps of several MoE layers sharing one slot pool, fresh random inputs every step:
 // misses, hits, evictions, no victim left, and misses taking this step's earlier arrivals
 // (recycling). Everything the fetch writes must be identical: the tables, the slots' keys and
-// bytes, the fill log, the arrivals, the counters, and the routing's ids, weights and probs.
+// bytes, the fill log, the arrivals, the id log, the counters, and the routing's ids, weights and
+// probs.
 #ifdef MINIDS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -35,17 +36,20 @@ constexpr size_t kCounterWords = mgl::expert_fetch_counter_words;
 // Everything one path's fetch reads and writes: header, tables, slots and the arrays the header
 // points at (the layout of src/runtime/expert_offload_device.cpp does not matter here).
 struct FetchWorld {
-    int64_t L, E, S, blob, stride;
+    int64_t L, E, S, blob, stride, id_stride;
     DeviceBuffer header, tables, table_addrs, victims, slot_keys, fill_log, victim_ranks, key_ranks,
-        arrivals, slots, homes;
+        arrivals, slots, homes, id_log;
     std::vector<int64_t> home_addrs;
 
-    FetchWorld(int64_t L_, int64_t E_, int64_t S_, int64_t blob_, const DeviceBuffer& home_blobs)
+    // `id_stride`: the id log's ids per layer (a decoded token's k, as the expert cache sets it).
+    FetchWorld(int64_t L_, int64_t E_, int64_t S_, int64_t blob_, const DeviceBuffer& home_blobs,
+               int64_t id_stride_)
         : L(L_),
           E(E_),
           S(S_),
           blob(blob_),
           stride((blob_ + 255) / 256 * 256),
+          id_stride(id_stride_),
           header(sizeof(mgl::expert_fetch_header), 0),
           tables(size_t(L * E) * 8),
           table_addrs(size_t(L) * 8),
@@ -56,7 +60,8 @@ struct FetchWorld {
           key_ranks(size_t(L * E) * sizeof(mgl::expert_fetch_rank)),
           arrivals(size_t(L * E) * 4),
           slots(size_t(S * stride)),
-          homes(size_t(L * E) * 8) {
+          homes(size_t(L * E) * 8),
+          id_log(size_t(L * id_stride_) * 4) {
         for (int64_t key = 0; key < L * E; ++key)
             home_addrs.push_back(
                 reinterpret_cast<int64_t>(home_blobs.as<uint8_t>() + key * stride));
@@ -67,6 +72,7 @@ struct FetchWorld {
             addrs.push_back(reinterpret_cast<int64_t>(tables.as<int64_t>() + l * E));
         table_addrs.upload(addrs);
         slot_keys.upload(std::vector<int32_t>(size_t(S), -1));
+        id_log.upload(std::vector<int32_t>(size_t(L * id_stride), -7));  // never an id
         mgl::expert_fetch_header h;
         h.n_layers = L;
         h.n_experts = E;
@@ -82,6 +88,8 @@ struct FetchWorld {
         h.victim_ranks = reinterpret_cast<int64_t>(victim_ranks.ptr);
         h.key_ranks = reinterpret_cast<int64_t>(key_ranks.ptr);
         h.arrivals = reinterpret_cast<int64_t>(arrivals.ptr);
+        h.id_log = reinterpret_cast<int64_t>(id_log.ptr);
+        h.id_log_stride = id_stride;
         CUDA_CHECK(cudaMemcpy(header.ptr, &h, sizeof h, cudaMemcpyHostToDevice));
     }
 
@@ -119,7 +127,7 @@ struct FetchWorld {
     struct Snapshot {
         std::vector<int64_t> counters;  // next_victim, n_fills, n_arrivals
         std::vector<int64_t> entries;
-        std::vector<int32_t> slot_keys, fill_log, arrivals;
+        std::vector<int32_t> slot_keys, fill_log, arrivals, id_log;
         std::vector<uint8_t> slots;
         int64_t bad_entries = 0;  // neither home nor a slot holding that expert's bytes
     };
@@ -150,6 +158,7 @@ struct FetchWorld {
         s.fill_log.assign(log.begin(), log.begin() + 2 * h.n_fills);
         const auto arr = arrivals.download<int32_t>();
         s.arrivals.assign(arr.begin(), arr.begin() + h.n_arrivals);
+        s.id_log = id_log.download<int32_t>();
         return s;
     }
 };
@@ -214,7 +223,8 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     uint64_t seed = 900;
     for (const Config& c : configs) {
-        CAPTURE(c.what);
+        const std::string what = c.what;  // doctest prints a char pointer as an address
+        CAPTURE(what);
         const int64_t E = c.E, T = c.T;
         const int k = c.route.k;
         const int64_t stride = (blob + 255) / 256 * 256;
@@ -225,7 +235,7 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             std::memcpy(&home_bytes[i], &r, 8);
         }
         DeviceBuffer home_blobs(home_bytes);
-        FetchWorld unfused(L, E, S, blob, home_blobs), fused(L, E, S, blob, home_blobs);
+        FetchWorld unfused(L, E, S, blob, home_blobs, k), fused(L, E, S, blob, home_blobs, k);
         RouteOut out_u(L, T, E, k), out_f(L, T, E, k);
         // Each layer's hot experts (higher logits on average), so that steps also hit.
         std::vector<std::vector<char>> hot(size_t(L), std::vector<char>(size_t(E), 0));
@@ -346,9 +356,14 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
                                     out_f.weights.download<float>()) == 0);
             CHECK(count_differences(out_u.probs.download<float>(), out_f.probs.download<float>()) ==
                   0);
+            // The id log holds each layer's ids when they fit (a decoded token), and is not
+            // touched otherwise.
+            const auto ids = out_u.ids.download<int32_t>();
+            const auto want_log = T == 1 ? ids : std::vector<int32_t>(size_t(L * k), -7);
+            CHECK(count_differences(a.id_log, want_log) == 0);
+            CHECK(count_differences(b.id_log, want_log) == 0);
             // What the step did (from the unfused path): fills, recycled arrivals (a slot
             // filled twice in one step), hits (used experts whose entry was a slot at the start).
-            const auto ids = out_u.ids.download<int32_t>();
             for (int64_t l = 0; l < L; ++l) {
                 std::vector<char> used(size_t(E), 0);
                 for (int64_t i = 0; i < T * k; ++i) used[size_t(ids[size_t(l * T * k + i)])] = 1;
@@ -363,7 +378,7 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             steps_out_of_victims += a.counters[0] >= int64_t(victims.size()) ? 1 : 0;
         }
         MESSAGE("expert fetch planned by the routing launch, "
-                << c.what << ": " << n_steps << " steps, " << fills << " fills, " << recycled
+                << what << ": " << n_steps << " steps, " << fills << " fills, " << recycled
                 << " recycled, " << hits << " hits");
         CHECK(fills > S);
         CHECK(hits > 0);

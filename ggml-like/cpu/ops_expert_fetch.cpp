@@ -24,6 +24,9 @@ void run_expert_fetch(exec_context&, tensor& node) {
                                                  " outside [0, " + std::to_string(E) + ")");
         used[size_t(ids[i])] = 1;
     }
+    if (h->id_log && n_ids <= h->id_log_stride)  // the host's copy of the step's routing
+        std::memcpy(reinterpret_cast<int32_t*>(h->id_log) + layer * h->id_log_stride, ids,
+                    size_t(n_ids) * sizeof(int32_t));
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);

@@ -182,6 +182,11 @@ struct expert_fetch_header {
     int64_t victim_ranks = 0;  // [n_slots] expert_fetch_rank of victims[i] (free: -inf)
     int64_t key_ranks = 0;     // [n_layers · n_experts] expert_fetch_rank a key takes on arrival
     int64_t arrivals = 0;      // [n_slots] i32: slots filled in this step (-1: taken again)
+    // [n_layers · id_log_stride] i32, or 0: each layer's fetch copies the ids it read here when
+    // they fit (a decoded token's k), so the host downloads a step's routing with the fill log
+    // in one copy instead of one per layer.
+    int64_t id_log = 0;
+    int64_t id_log_stride = 0;
 };
 // The header's words a host sets before every step: the counters, n_victims to fetch_t1.
 inline constexpr size_t expert_fetch_counter_words =
@@ -299,7 +304,8 @@ tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table
 // the victim), which is then taken instead. The expert's blob is copied from its home into the
 // slot, its entry pointed at the slot, the slot's previous expert's entry pointed home (in
 // whichever layer's table), (key, slot) appended to the fill log and the slot to the arrivals.
-// With no slot to take the entry stays home and moe_experts reads the expert in place. Returns
+// With no slot to take the entry stays home and moe_experts reads the expert in place. The ids
+// are copied to the state's id log when they fit its stride. Returns
 // an alias of `table` that moe_experts must take, which orders the fetch before the read.
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                      std::shared_ptr<const expert_layout> layout);

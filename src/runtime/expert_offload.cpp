@@ -75,14 +75,15 @@ void ExpertOffload::attach(Session& session) {
     });
     // Always set, so a session that had another cache's fetch forgets it. (queue_fill_log runs
     // while the step does: not counted as host time.)
-    session.set_expert_fetch(
-        state_,
-        state_ ? std::function<void(int64_t)>([this](int64_t n) {
-            HostTime t(stats_.host_ns);
-            before_step(n);
-        })
-               : nullptr,
-        state_ ? std::function<void()>([this] { queue_fill_log(); }) : nullptr);
+    session.set_expert_fetch(state_,
+                             state_ ? std::function<void(int64_t)>([this](int64_t n) {
+                                 HostTime t(stats_.host_ns);
+                                 before_step(n);
+                             })
+                                    : nullptr,
+                             state_ ? std::function<const int32_t*(int64_t)>(
+                                          [this](int64_t n) { return queue_fill_log(n); })
+                                    : nullptr);
 }
 
 ExpertOffload::~ExpertOffload() {

@@ -126,9 +126,11 @@ private:
     void point_home();
     // Allocates the device fetch's state (once) and writes its empty-cache contents.
     void setup_device_fetch();
-    // Device fetch: queues the download of the step's counters and fill log into pinned
-    // memory (Session calls it after queuing the step, so it shares the step's one wait).
-    void queue_fill_log();
+    // Device fetch: queues the download of the step's counters, id log and fill log into
+    // pinned memory (Session calls it after queuing the step, so it shares the step's one
+    // wait). Returns where the step's ids will be once it is done (every MoE layer's
+    // n_tokens · k, back to back) when the id log holds them (a decoded token), else null.
+    const int32_t* queue_fill_log(int64_t n_tokens);
     // Device fetch: the step's fills, from the device's log, into the policy and the shadow.
     void replay_device_fills(const RoutingRecord& r);
     // Host bookkeeping of one expert moving into `slot` (evicting its occupant).
@@ -160,8 +162,8 @@ private:
     std::vector<routing::Rank> arrival_ranks_;  // the policy's, before they become key ranks
     int64_t most_fills_ = 0;       // the most fills the step before_step prepared can log
     mgl::buffer_ptr upload_host_;  // pinned: the counters, then the victims and ranks uploaded
-    mgl::buffer_ptr log_host_;     // pinned: the header and fill log queue_fill_log downloads
-    bool log_queued_ = false;      // queue_fill_log ran for the step not yet replayed
+    mgl::buffer_ptr log_host_;  // pinned: the header, id log and fill log queue_fill_log downloads
+    bool log_queued_ = false;   // queue_fill_log ran for the step not yet replayed
 };
 
 }  // namespace minids

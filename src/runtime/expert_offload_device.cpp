@@ -15,19 +15,22 @@ namespace {
 constexpr size_t kHeaderWords = sizeof(mgl::expert_fetch_header) / sizeof(int64_t);
 static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
 
-// Where the device fetch's arrays sit in its state buffer, in i64 words: the header and the fill
-// log first (after a step the host downloads both in one copy), then what the host uploads
-// before each step, back to back (victims, their ranks, the keys' arrival ranks: one copy), then
-// the rest. A step fills each key at most once, so the fill log and the arrivals hold
-// n_layers · n_experts entries.
+// Where the device fetch's arrays sit in its state buffer, in i64 words: the header, the id log
+// and the fill log first (after a step the host downloads the three in one copy), then what the
+// host uploads before each step, back to back (victims, their ranks, the keys' arrival ranks:
+// one copy), then the rest. A step fills each key at most once, so the fill log and the
+// arrivals hold n_layers · n_experts entries; the id log holds a decoded token's ids
+// (n_layers · k).
 struct StateLayout {
-    size_t fill_log, arrivals, victims, victim_ranks, key_ranks, tables, homes, slot_keys, words;
-    StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots) {
+    size_t id_log, fill_log, arrivals, victims, victim_ranks, key_ranks, tables, homes, slot_keys,
+        words;
+    StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots, int64_t top_k) {
         const auto keys = size_t(n_layers * n_experts), slots = size_t(n_slots);
-        fill_log = kHeaderWords;                   // a (key, slot) pair of i32 per word
-        arrivals = fill_log + keys;                // i32
-        victims = arrivals + (keys + 1) / 2;       // i32
-        victim_ranks = victims + (slots + 1) / 2;  // two words per expert_fetch_rank
+        id_log = kHeaderWords;                                 // i32
+        fill_log = id_log + size_t(n_layers * top_k + 1) / 2;  // a (key, slot) pair of i32 per word
+        arrivals = fill_log + keys;                            // i32
+        victims = arrivals + (keys + 1) / 2;                   // i32
+        victim_ranks = victims + (slots + 1) / 2;              // two words per expert_fetch_rank
         key_ranks = victim_ranks + 2 * slots;
         tables = key_ranks + 2 * keys;
         homes = tables + size_t(n_layers);
@@ -46,7 +49,7 @@ constexpr int64_t kMostRecycledArrivals = 512;
 
 void ExpertOffload::setup_device_fetch() {
     const int64_t L = config_.n_layers, E = config_.n_experts, S = config_.n_slots;
-    const StateLayout at(L, E, S);
+    const StateLayout at(L, E, S, top_k_);
     if (!state_) {  // once: recorded graphs keep the state's address
         state_buf_ = backend_.alloc_buffer(at.words * sizeof(int64_t));
         state_ = state_ctx_.new_tensor(mgl::dtype::i64, {int64_t(at.words)}, "expert_fetch_state");
@@ -71,6 +74,8 @@ void ExpertOffload::setup_device_fetch() {
     h.arrivals = reinterpret_cast<int64_t>(base + at.arrivals);
     h.victim_ranks = reinterpret_cast<int64_t>(base + at.victim_ranks);
     h.key_ranks = reinterpret_cast<int64_t>(base + at.key_ranks);
+    h.id_log = reinterpret_cast<int64_t>(base + at.id_log);
+    h.id_log_stride = top_k_;
     std::memcpy(init.data(), &h, sizeof h);
     const auto& tables = store_.expert_tables();
     for (int64_t l = 0; l < L; ++l) {
@@ -99,7 +104,7 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
     // uploaded with the victims.
     const bool recycle = !prompt && most <= kMostRecycledArrivals;
-    const StateLayout at(L, E, config_.n_slots);
+    const StateLayout at(L, E, config_.n_slots, top_k_);
     auto* base = static_cast<int64_t*>(state_buf_->base());
     // Everything goes up from pinned memory (a pageable source makes the driver stage each copy
     // while the GPU idles between steps) in two copies: the counters, and the victims with the
@@ -138,28 +143,34 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     backend_.copy_to_backend_async(base, counters, kCounterWords * sizeof(int64_t));
 }
 
-void ExpertOffload::queue_fill_log() {
-    // The header's counters and the fill log, in one download.
-    const size_t bytes = (kHeaderWords + size_t(most_fills_)) * sizeof(int64_t);
-    backend_.download_async(*state_, backend_.host_staging(log_host_, bytes), 0, bytes);
+const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
+    // The header's counters, the id log and the fill log, in one download.
+    const StateLayout at(config_.n_layers, config_.n_experts, config_.n_slots, top_k_);
+    const size_t bytes = (at.fill_log + size_t(most_fills_)) * sizeof(int64_t);
+    auto* staged = static_cast<int64_t*>(backend_.host_staging(log_host_, bytes));
+    backend_.download_async(*state_, staged, 0, bytes);
     log_queued_ = true;
+    // The fetch logs ids that fit the id log's stride (mgl::expert_fetch_header::id_log).
+    return n_tokens * top_k_ <= top_k_ ? reinterpret_cast<const int32_t*>(staged + at.id_log)
+                                       : nullptr;
 }
 
 void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const int32_t L = config_.n_layers, E = config_.n_experts;
     const int64_t per_layer = r.n_tokens * r.k;
     if (!log_queued_) {  // a caller that did not queue it with the step (tests driving the hook)
-        queue_fill_log();
+        queue_fill_log(r.n_tokens);
         backend_.synchronize();
     }
     log_queued_ = false;
+    const StateLayout at(L, E, config_.n_slots, top_k_);
     const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
     if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
         h.next_victim > int64_t(victims_.size()))
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
-    const auto* log = reinterpret_cast<const int32_t*>(words + kHeaderWords);
+    const auto* log = reinterpret_cast<const int32_t*>(words + at.fill_log);
     int64_t f = 0;
     std::vector<int64_t> uses(static_cast<size_t>(E));
     for (int32_t l = 0; l < L; ++l) {

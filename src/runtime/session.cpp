@@ -50,7 +50,7 @@ void Session::set_routing_override(RoutingOverride f) {
 }
 
 void Session::set_expert_fetch(mgl::tensor* state, std::function<void(int64_t)> prepare,
-                               std::function<void()> collect) {
+                               std::function<const int32_t*(int64_t)> collect) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
     expert_fetch_prepare_ = std::move(prepare);
@@ -180,11 +180,20 @@ void Session::queue_routing(StepGraph& s, int64_t T) {
     const auto& ids = s.routing_ids.empty() ? s.out.router_ids : s.routing_ids;
     const auto& wts = s.routing_ids.empty() ? s.out.router_weights : s.routing_weights;
     const size_t per_layer = size_t(T * model_.config().num_experts_per_tok);
-    // The expert cache needs only the ids; the weights are fetched for a routing observer. All
-    // layers' downloads go into one pinned staging buffer, queued while the step still runs
-    // (26 small copies cost the host ~2 µs each), and cost one wait for the device.
+    // The expert cache needs only the ids; the weights are fetched for a routing observer. The
+    // device fetch logs a decoded token's ids beside its fill log, which comes down in one
+    // copy; otherwise every layer's downloads go into one pinned staging buffer, queued while
+    // the step still runs (26 small copies cost the host ~2 µs each and the device more, after
+    // the step), and cost one wait for the device.
     const bool weights = bool(routing_observer_);
     const size_t n = per_layer * ids.size();
+    routing_queued_ = n;
+    routing_weights_queued_ = weights;
+    const int32_t* fetched = expert_fetch_collect_ ? expert_fetch_collect_(T) : nullptr;
+    if (fetched && !weights) {
+        routing_ids_at_ = fetched;
+        return;
+    }
     const size_t bytes = n * sizeof(int32_t) + (weights ? n * sizeof(float) : 0);
     auto* staged_ids =
         static_cast<int32_t*>(backend_.host_staging(routing_host_, std::max<size_t>(bytes, 4096)));
@@ -196,9 +205,7 @@ void Session::queue_routing(StepGraph& s, int64_t T) {
             backend_.download_async(*wts[l], staged_wts + l * per_layer, 0,
                                     per_layer * sizeof(float));
     }
-    routing_queued_ = n;
-    routing_weights_queued_ = weights;
-    if (expert_fetch_collect_) expert_fetch_collect_();
+    routing_ids_at_ = staged_ids;
 }
 
 void Session::report_routing(int64_t T, bool prefill) {
@@ -207,7 +214,7 @@ void Session::report_routing(int64_t T, bool prefill) {
     r.prefill = prefill;
     r.k = model_.config().num_experts_per_tok;
     const size_t n = routing_queued_;
-    const auto* staged_ids = static_cast<const int32_t*>(routing_host_->base());
+    const int32_t* staged_ids = routing_ids_at_;
     const auto* staged_wts = reinterpret_cast<const float*>(staged_ids + n);
     r.ids.assign(staged_ids, staged_ids + n);
     if (routing_weights_queued_) r.weights.assign(staged_wts, staged_wts + n);

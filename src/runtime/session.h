@@ -83,11 +83,13 @@ public:
     // The expert cache's device fetch (runtime/expert_offload.h): each MoE layer's missing
     // experts are copied into slots by the graph itself (mgl::expert_fetch with `state`), and
     // `prepare` runs before every eval's graph with its token count (it offers the step's
-    // victim slots). `collect` runs right after the graph is queued, so what it queues (the
-    // fetch's counters and fill log) comes back in the eval's one wait with the logits and the
-    // ids. A null state turns it off. Re-records the decode graph.
+    // victim slots). `collect` runs right after the graph is queued, with its token count, so
+    // what it queues (the fetch's counters, id log and fill log) comes back in the eval's one
+    // wait with the logits; it returns where the step's routing ids will then be (every MoE
+    // layer's T · k, back to back), which spares the session one download per layer, or null
+    // when it does not log them. A null state turns it off. Re-records the decode graph.
     void set_expert_fetch(mgl::tensor* state, std::function<void(int64_t n_tokens)> prepare,
-                          std::function<void()> collect = nullptr);
+                          std::function<const int32_t*(int64_t n_tokens)> collect = nullptr);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // Decode steps go through the recorded graph (default). false records a fresh graph for
@@ -145,8 +147,9 @@ private:
     RoutingOverride routing_override_;
     mgl::tensor* expert_fetch_ = nullptr;
     std::function<void(int64_t)> expert_fetch_prepare_;
-    std::function<void()> expert_fetch_collect_;
+    std::function<const int32_t*(int64_t)> expert_fetch_collect_;
     size_t routing_queued_ = 0;  // ids queue_routing staged in routing_host_ (weights after them)
+    const int32_t* routing_ids_at_ = nullptr;  // where they land: routing_host_ or the fetch's log
     bool routing_weights_queued_ = false;
 };
 
