@@ -1,6 +1,7 @@
 #include "model/staged_copy.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -25,6 +26,14 @@ StagedCopier::~StagedCopier() {
         if (in_flight_ || !segments_.empty()) backend_.synchronize();
     } catch (...) {
     }
+}
+
+unsigned load_copy_threads() {
+    if (const char* env = std::getenv("MINIDS_LOAD_THREADS")) {
+        const long n = std::strtol(env, nullptr, 10);
+        if (n >= 1 && n <= 64) return unsigned(n);
+    }
+    return std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
 }
 
 void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n, unsigned threads) {

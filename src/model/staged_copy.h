@@ -20,6 +20,12 @@ namespace minids {
 // few MiB, or when no thread can be started, the caller copies alone.
 void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t n, unsigned threads);
 
+// Threads for the weight load's copies out of the file mapping: MINIDS_LOAD_THREADS (1-64) when
+// set, else the hardware's up to 8. More did not pay on the H200 machine's 16 cores: the BF16
+// V2-Lite experts' staged copy took 1.90 / 2.08 s with 8 threads, 2.48 / 2.66 s with 12 and
+// 2.83 / 3.61 s with 16 (~11 GB/s at best, docs/perf.md).
+unsigned load_copy_threads();
+
 class StagedCopier {
 public:
     // `chunk_bytes` per staging buffer (two are allocated), `threads` memcpy workers.

@@ -9,7 +9,6 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
-#include <thread>
 
 #include <sys/mman.h>
 
@@ -147,7 +146,7 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     bool counted = false;       // progress reported for the span already
     if (expert_copy_) {
         auto* dst = expert_copy_->data();
-        const unsigned threads = std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+        const unsigned threads = load_copy_threads();
         constexpr uint64_t chunk = 256ull << 20;  // progress granularity
         for (uint64_t o = 0; o < span; o += chunk) {
             const uint64_t m = std::min(chunk, span - o);
@@ -251,8 +250,8 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
         const char* staged_env = std::getenv("MINIDS_STAGED_COPY");
         std::unique_ptr<StagedCopier> staged;
         if (!registration && !(staged_env && *staged_env == '0')) {
-            const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-            staged = std::make_unique<StagedCopier>(backend_, size_t(64) << 20, std::min(hw, 8u));
+            staged =
+                std::make_unique<StagedCopier>(backend_, size_t(64) << 20, load_copy_threads());
         }
         placement_.staged = staged != nullptr;
         auto copy_in = [&](uint8_t* dst, const uint8_t* src, uint64_t n) {
