@@ -92,28 +92,45 @@ fi
 
 # 2. The demo model, greedy, on the GPU and on the CPU: the same text is expected (both compute
 # in FP32; the GPU's BF16 KV cache is forced to F32 here so the comparison is like for like).
+# The model is named (-m): a binary built elsewhere looks for the demo model beside its own
+# source tree, which is not here.
 prompt="Return the number of"
-timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 > "$OUT/demo_gpu.txt" 2> "$OUT/demo_gpu.log"
-timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cpu > "$OUT/demo_cpu.txt" 2> "$OUT/demo_cpu.log"
-if cmp -s "$OUT/demo_gpu.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
-say "demo model greedy 48 tokens, GPU vs CPU: $same; GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
+# demo_run NAME [run arguments...]: text to $OUT/NAME.txt, exit status to $OUT/NAME.rc.
+demo_run() {
+    local name=$1
+    shift
+    timeout 120 "$BIN/minids" run -m models/demo.mds -p "$prompt" -n 48 --temp 0 "$@" \
+        > "$OUT/$name.txt" 2> "$OUT/$name.log"
+    echo $? > "$OUT/$name.rc"
+}
+# "identical" only when both runs succeeded and wrote text: two failed runs print nothing, and
+# nothing equals nothing.
+demo_compare() {
+    local a=$1 b=$2
+    if [[ $(cat "$OUT/$a.rc") != 0 || $(cat "$OUT/$b.rc") != 0 || ! -s "$OUT/$a.txt" ]]; then
+        echo "FAILED (exit status $(cat "$OUT/$a.rc") / $(cat "$OUT/$b.rc"), see $a.log, $b.log)"
+    elif cmp -s "$OUT/$a.txt" "$OUT/$b.txt"; then
+        echo identical
+    else
+        echo DIFFERENT
+    fi
+}
+demo_run demo_gpu --cache-type-k f32
+demo_run demo_cpu --cpu
+say "demo model greedy 48 tokens, GPU vs CPU: $(demo_compare demo_gpu demo_cpu); GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
 FUSE_NORM_OUT="norm,residual,route,mla_prep,norm_out"
 FUSE_ROUTER="$FUSE_NORM_OUT,router_route"
 if [[ $NORM_OUT == 1 ]]; then
     for pair in "norm_out:$FUSE_NORM_OUT" "norm_out+router_route:$FUSE_ROUTER"; do
         name=${pair%%:*} fuse=${pair#*:}
-        MINIDS_CUDA_FUSE=$fuse timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 \
-            --cache-type-k f32 > "$OUT/demo_gpu_$name.txt" 2> "$OUT/demo_gpu_$name.log"
-        if cmp -s "$OUT/demo_gpu_$name.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
-        say "demo model greedy 48 tokens, GPU with $name vs CPU: $same"
+        MINIDS_CUDA_FUSE=$fuse demo_run "demo_gpu_$name" --cache-type-k f32
+        say "demo model greedy 48 tokens, GPU with $name vs CPU: $(demo_compare "demo_gpu_$name" demo_cpu)"
     done
 fi
 
 for ab in ${AB[@]+"${AB[@]}"}; do
-    env "$ab" timeout 120 "$BIN/minids" run -p "$prompt" -n 48 --temp 0 --cache-type-k f32 \
-        > "$OUT/demo_gpu_ab.txt" 2> "$OUT/demo_gpu_ab.log"
-    if cmp -s "$OUT/demo_gpu_ab.txt" "$OUT/demo_cpu.txt"; then same=identical; else same=DIFFERENT; fi
-    say "demo model greedy 48 tokens, GPU with $ab vs CPU: $same"
+    (export "${ab?}"; demo_run demo_gpu_ab --cache-type-k f32)
+    say "demo model greedy 48 tokens, GPU with $ab vs CPU: $(demo_compare demo_gpu_ab demo_cpu)"
 done
 
 # The every-expert-a-hit pair on model $1 (a replayed sticky trace, $WORK/sticky.npz): tg128 fully
