@@ -268,7 +268,7 @@ void check_pages(const tensor* pages, const tensor* page_table, const char* op) 
 }  // namespace
 
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
-                     std::shared_ptr<const expert_layout> layout) {
+                     std::shared_ptr<const expert_layout> layout, tensor* stage) {
     MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
               "expert_fetch: table must be a contiguous i64 vector of blob addresses");
     MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
@@ -278,9 +278,12 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
               "expert_fetch: state must be a contiguous i64 tensor holding an expert_fetch_header");
     MGL_CHECK(layer >= 0, "expert_fetch: negative layer");
     MGL_CHECK(layout && layout->blob_bytes > 0, "expert_fetch: needs the experts' layout");
+    MGL_CHECK(!stage || (stage->type == dtype::i64 && stage->is_contiguous() &&
+                         nbytes(*stage) >= sizeof(expert_stage_header)),
+              "expert_fetch: stage must be a contiguous i64 tensor holding an expert_stage_header");
     tensor* t = c.new_node(op::expert_fetch, dtype::i64, dims_of(*table));
     t->stride = table->stride;
-    t->src = {table, ids, state};
+    t->src = {table, ids, state, stage};
     t->iparams[0] = layer;
     t->experts = std::move(layout);
     return t;

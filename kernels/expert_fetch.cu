@@ -75,8 +75,12 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     if (f >= h->n_fills) return;
     const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
     const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+    // From the home (registered host memory), or with a stage from its buffer blockIdx.y, where
+    // the host copied this fill's home (pinned host memory; the plan posted the fill there).
     const auto* src =
-        reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]);
+        p.stage ? reinterpret_cast<const uint8_t*>(p.stage) + p.stage->buffer_offset +
+                      int64_t(blockIdx.y) * p.stage->stride
+                : reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]);
     auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
     for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
          begin += int64_t(gridDim.x) * copy_chunk)
@@ -108,6 +112,9 @@ void launch_copy(const ExpertFetchParams& p, cudaStream_t stream) {
 }  // namespace
 
 void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream) {
+    if (p.stage)
+        ::mgl::fail(__FILE__, __LINE__,
+                    "expert_fetch: a staged fetch needs the host between its plan and copy");
     expert_fetch_plan(p, stream);
     launch_copy<false>(p, stream);
 }

@@ -28,19 +28,28 @@ struct ExpertFetchParams {
     int32_t layer = 0;
     int32_t n_experts = 0;   // at most 1024
     int64_t blob_bytes = 0;  // equals state->blob_bytes; sizes the copy grid
+    // The staging store (mgl::expert_fetch with a stage): pinned, mapped host memory. The plan
+    // posts the layer's fills there (n and each fill's home), the host copies them into the
+    // stage's buffers (a host node between the plan and the copy: expert_fetch_step in
+    // ggml-like/cuda/launches.cpp), and the copy reads buffer i instead of the home. Null: the
+    // copy reads the homes (registered host memory) itself.
+    mgl::expert_stage_header* stage = nullptr;
     // Programmatic dependent launch (Hopper): the plan is scheduled while the routing kernel
     // runs, the copy while the plan runs, each waiting in griddepcontrol.wait for its
     // predecessor, so their launch gaps leave the step's path.
     bool pdl = false;
 };
 
-// Plans and copies; throws mgl::error on parameters out of range.
+// Plans and copies; throws mgl::error on parameters out of range or with a stage (whose host
+// copies must run between the two: expert_fetch_plan, then the host, then expert_fetch_copy).
 void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream);
 // The plan alone (the routing's fallback when it cannot plan in its own launch).
 void expert_fetch_plan(const ExpertFetchParams& p, cudaStream_t stream);
 // The copy alone, after a plan made by the routing kernel (or expert_fetch_plan). Its dependents
 // (the expert kernels) are let in before it waits for the plan: they are scheduled early and
-// still read nothing the fetch writes before the copy has completed.
+// still read nothing the fetch writes before the copy has completed. With a stage it reads the
+// stage's buffers, which the host must have filled before it starts (launch it after the host's
+// copies, not as a dependent of the plan: p.pdl = false).
 void expert_fetch_copy(const ExpertFetchParams& p, cudaStream_t stream);
 
 }  // namespace minids::kernels

@@ -215,6 +215,15 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         auto* arrivals_out = reinterpret_cast<int32_t*>(h->arrivals);
         if (s.fill_took[f] >= 0) arrivals_out[s.fill_took[f]] = -1;
         arrivals_out[s.first_arrival + f] = slot;
+        // The staging store: fill f's home, for the host to copy into the stage's buffer f (the
+        // host offers a layer at most capacity = n_experts fills: ExpertOffload).
+        if (p.stage) reinterpret_cast<int64_t*>(p.stage + 1)[f] = homes[key];
+    }
+    if (p.stage) {
+        if (tid == 0) p.stage->n = s.n_fills;
+        // The host reads the stage once this grid has completed (a host node after it); the
+        // fence makes the writes to host memory visible to it in any case.
+        __threadfence_system();
     }
 }
 

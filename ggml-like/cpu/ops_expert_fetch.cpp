@@ -9,6 +9,26 @@
 
 namespace mgl::cpu {
 
+namespace {
+
+// The layer's fills [layer_fills, n_fills) posted to the stage (the CUDA plan's part) and
+// copied home -> buffer by the host's serve (the CUDA host node's part).
+void post_fills(const expert_fetch_header& h, expert_stage_header& stage) {
+    const int64_t n = h.n_fills - h.layer_fills;
+    MGL_CHECK(n <= stage.capacity && stage.blob_bytes == h.blob_bytes,
+              "expert_fetch: " + std::to_string(n) + " fills for a stage of " +
+                  std::to_string(stage.capacity) + " buffers of " +
+                  std::to_string(stage.blob_bytes) + " bytes");
+    const auto* fill_log = reinterpret_cast<const int32_t*>(h.fill_log);
+    const auto* homes = reinterpret_cast<const int64_t*>(h.homes);
+    int64_t* src = expert_stage_sources(&stage);
+    for (int64_t i = 0; i < n; ++i) src[i] = homes[fill_log[2 * (h.layer_fills + i)]];
+    stage.n = n;
+    expert_stage_serve(stage);
+}
+
+}  // namespace
+
 void run_expert_fetch(exec_context&, tensor& node) {
     auto* h = static_cast<expert_fetch_header*>(node.src[2]->data);
     auto* table = static_cast<int64_t*>(node.src[0]->data);
@@ -66,14 +86,23 @@ void run_expert_fetch(exec_context&, tensor& node) {
         }
         if (const int32_t occupant = slot_keys[slot]; occupant >= 0)
             reinterpret_cast<int64_t*>(tables[occupant / E])[occupant % E] = homes[occupant];
-        auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
-        std::memcpy(dst, reinterpret_cast<const void*>(homes[key]), size_t(h->blob_bytes));
         slot_keys[slot] = int32_t(key);
-        table[e] = reinterpret_cast<int64_t>(dst);
+        table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
         fill_log[2 * h->n_fills] = int32_t(key);
         fill_log[2 * h->n_fills + 1] = slot;
         ++h->n_fills;
         arrivals[h->n_arrivals++] = slot;
+    }
+    // The copies, as the CUDA backend makes them: with a stage through it (home -> buffer i by
+    // the host's serve, buffer i -> slot as the copy kernel), else home -> slot.
+    auto* stage = node.src[3] ? static_cast<expert_stage_header*>(node.src[3]->data) : nullptr;
+    if (stage) post_fills(*h, *stage);
+    for (int64_t f = h->layer_fills; f < h->n_fills; ++f) {
+        const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+        auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
+        const void* src = stage ? expert_stage_buffer(stage, f - h->layer_fills)
+                                : reinterpret_cast<const void*>(homes[key]);
+        std::memcpy(dst, src, size_t(h->blob_bytes));
     }
 }
 

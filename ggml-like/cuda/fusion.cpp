@@ -402,7 +402,10 @@ private:
                 ++n_fetches;
                 fetch = c;
             }
-            if (n_fetches != 1 || fetch->src[1] != r.topk || p_.fetch_planned.count(fetch))
+            // A staged fetch (src[3]) keeps its own plan: the host copies between its plan and
+            // copy, which the routing kernel would have to be taught as a host node.
+            if (n_fetches != 1 || fetch->src[1] != r.topk || fetch->src[3] ||
+                p_.fetch_planned.count(fetch))
                 continue;
             if (fetch->src[0]->shape[0] != r.softmax->shape[1]) continue;  // a table of E experts
             if (step(fetch) <= step(r.weights) || !quiet_between(r.weights, fetch)) continue;

@@ -4,8 +4,12 @@
 #include "launches.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <string>
 
+#include "cuda_check.h"
 #include "expert_fetch.h"
 #include "matmul.h"
 #include "mla.h"
@@ -292,13 +296,39 @@ kn::ExpertFetchParams expert_fetch_params(const tensor& n) {
     p.layer = n.iparams[0];
     p.n_experts = int32_t(n.src[0]->shape[0]);
     p.blob_bytes = int64_t(n.experts->blob_bytes);
+    if (n.src[3]) p.stage = static_cast<expert_stage_header*>(n.src[3]->data);
     return p;
 }
 
+// The host node of a staged fetch: copies the fills the plan posted into the stage's buffers. A
+// host function may make no CUDA call and must not throw (nothing could catch it): a fault in
+// the stage, an internal error, ends the process with its message.
+void CUDART_CB serve_expert_stage(void* stage) {
+    try {
+        expert_stage_serve(*static_cast<expert_stage_header*>(stage));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "minids: internal error in the expert cache's staging: %s\n",
+                     e.what());
+        std::abort();
+    }
+}
+
 // The fetch's plan and copy; with route_fetch (`planned`: its route step made the plan) the copy
-// alone.
+// alone. With a stage (the staging store): the plan, the host's copies into the stage (a host
+// node when captured), then the copy from the stage, launched after the host node as an ordinary
+// dependent (not PDL: the host's copies must be complete before it reads a byte).
 launch_step expert_fetch_step(const tensor& n, bool planned) {
     const kn::ExpertFetchParams p = expert_fetch_params(n);
+    if (p.stage) {
+        MGL_CHECK(!planned, "expert_fetch: a staged fetch cannot be planned by its routing");
+        return {"expert_fetch(staged)", &n, [p](const exec_env& env) {
+                    kn::expert_fetch_plan(with_pdl(p, env), env.stream);
+                    CUDA_CHECK(cudaLaunchHostFunc(env.stream, serve_expert_stage, p.stage));
+                    kn::ExpertFetchParams copy = p;
+                    copy.pdl = false;
+                    kn::expert_fetch_copy(copy, env.stream);
+                }};
+    }
     if (planned)
         return {"expert_fetch(copy)", &n,
                 [p](const exec_env& env) { kn::expert_fetch_copy(with_pdl(p, env), env.stream); }};

@@ -176,10 +176,10 @@ struct expert_fetch_header {
     int64_t slot_base = 0, slot_stride = 0;  // address of slot 0; bytes from one slot to the next
     int64_t tables = 0;        // [n_layers] i64: the address of each MoE layer's expert table
     int64_t homes = 0;         // [n_layers · n_experts] i64: where each expert lives off the slots
-    int64_t victims = 0;       // [n_slots] i32: slots the host offers, best victim first
+    int64_t victims = 0;       // [n_victims] i32: slots the host offers, best victim first
     int64_t slot_keys = 0;     // [n_slots] i32: the key of each slot's expert, or -1
     int64_t fill_log = 0;      // [n_slots] pairs of i32 (key, slot), in the order they were filled
-    int64_t victim_ranks = 0;  // [n_slots] expert_fetch_rank of victims[i] (free: -inf)
+    int64_t victim_ranks = 0;  // [n_victims] expert_fetch_rank of victims[i] (free: -inf)
     int64_t key_ranks = 0;     // [n_layers · n_experts] expert_fetch_rank a key takes on arrival
     int64_t arrivals = 0;      // [n_slots] i32: slots filled in this step (-1: taken again)
     // [n_layers · id_log_stride] i32, or 0: each layer's fetch copies the ids it read here when
@@ -200,6 +200,35 @@ struct expert_fetch_rank {
 inline bool ranks_lower(const expert_fetch_rank& a, const expert_fetch_rank& b) {
     return a.priority < b.priority || (a.priority == b.priority && a.stamp < b.stamp);
 }
+
+// The stage of a fetch from a host store the device cannot read (the expert cache's staging
+// store, docs/expert-cache.md: the experts stay in pageable host memory, nothing registered):
+// pinned host memory the device reads and writes (mapped; with unified addressing its host
+// address is its device address), laid out as this header, then int64 src[capacity] (the
+// sources, expert_stage_sources), then `capacity` buffers of blob_bytes, `stride` apart from
+// `buffer_offset` (both multiples of 256). A layer's fetch posts its fills here (n and each
+// fill's home), the host copies home -> buffer i (expert_stage_serve), then the device copies
+// buffer i -> the fill's slot.
+struct expert_stage_header {
+    int64_t capacity = 0;       // buffers: the most fills one layer's fetch may post
+    int64_t blob_bytes = 0;     // bytes of one expert
+    int64_t stride = 0;         // bytes from one buffer to the next
+    int64_t buffer_offset = 0;  // bytes from the header to buffer 0
+    int64_t n = 0;              // fills the current layer posted, in its fill-log order
+};
+inline int64_t* expert_stage_sources(expert_stage_header* h) {
+    return reinterpret_cast<int64_t*>(h + 1);
+}
+inline uint8_t* expert_stage_buffer(expert_stage_header* h, int64_t i) {
+    return reinterpret_cast<uint8_t*>(h) + h->buffer_offset + i * h->stride;
+}
+// The header of a stage of `capacity` buffers for experts of `blob_bytes`, and the bytes it
+// spans (header, sources and buffers).
+expert_stage_header expert_stage_layout(int64_t capacity, int64_t blob_bytes);
+size_t expert_stage_bytes(const expert_stage_header& h);
+// The host's part of a staged fetch: copies each posted fill's home into its buffer (several
+// threads). Makes no backend calls, so a CUDA host node may run it between two kernels.
+void expert_stage_serve(expert_stage_header& h);
 
 struct buffer;
 
@@ -260,8 +289,8 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // routed_scaling_factor. moe_experts: src = {x, ids, w, table, shared gate, shared up, shared
 // down}, experts (the layout). kv_store: src = {pages, page_table, kv_c, k_pe, positions}.
 // mla_attn: src = {q_lat, q_pe, pages, page_table, positions}, fparams[0] = scale.
-// cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state},
-// iparams[0] = layer, experts (the layout).
+// cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state,
+// stage (or null)}, iparams[0] = layer, experts (the layout).
 //
 // Values that change from one decode step to the next (token ids, positions, the page table, the
 // expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
@@ -307,8 +336,13 @@ tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table
 // With no slot to take the entry stays home and moe_experts reads the expert in place. The ids
 // are copied to the state's id log when they fit its stride. Returns
 // an alias of `table` that moe_experts must take, which orders the fetch before the read.
+// With a `stage` (an i64 tensor whose memory starts with an expert_stage_header; the staging
+// store) the homes are host addresses the executing device cannot read: every miss must get a
+// slot (the host offers enough victims; a miss left home would be a read in place of memory the
+// device cannot read), and each fill goes home -> stage buffer i (by the host, in the layer's
+// fill order) -> its slot (by the device). At most `capacity` fills per layer.
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
-                     std::shared_ptr<const expert_layout> layout);
+                     std::shared_ptr<const expert_layout> layout, tensor* stage = nullptr);
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
 // bf16 / f16: stored rounded to nearest even, read back to f32), and
