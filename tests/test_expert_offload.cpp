@@ -220,6 +220,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
         cfg.n_slots = slots;
         ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
         REQUIRE(offload.uses_device_fetch());
+        REQUIRE(!offload.uses_staging());  // the registered store: misses read from home
         Session s(*cached.model, *cached.backend, SessionParams{});
         offload.attach(s);
         routing::RoutingTrace trace = empty_trace(*cached.model);
@@ -316,4 +317,117 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         CHECK(offload.stats().fills > 2 * slots);  // slots were taken again within passes
         CHECK(offload.stats().fetch_ns == 0);      // only a GPU times its fetches
     }
+}
+
+namespace {
+
+// The demo model with the staging store (WeightOptions::stage_experts): on the CPU the experts
+// stay in the mapping either way, but the cache then fetches every miss through its stage.
+TestModel open_staged_test_model(const std::string& path) {
+    TestModel m;
+    m.file = mds::MdsFile::open(path);
+    m.backend = mgl::make_cpu_backend(2);
+    WeightOptions o;
+    o.stage_experts = true;
+    m.model = std::make_unique<Deepseek2Model>(*m.file, *m.backend, o);
+    return m;
+}
+
+// After a step: the stage holds what the last MoE layer's fetch posted, fill by fill in its
+// fill-log order, each buffer exactly its expert's bytes. Returns the fills it held.
+int64_t check_stage(const ExpertOffload& o, const Deepseek2Model& m) {
+    const auto* h = static_cast<const mgl::expert_fetch_header*>(o.fetch_state()->data);
+    auto* stage = const_cast<mgl::expert_stage_header*>(o.stage_header());
+    const int64_t E = h->n_experts;
+    REQUIRE(stage->n == h->n_fills - h->layer_fills);
+    REQUIRE(stage->n <= stage->capacity);
+    const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
+    const uint64_t bytes = m.weights().expert_tables().at(0).blob_bytes;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < stage->n; ++i) {
+        const int32_t key = fill_log[2 * (h->layer_fills + i)];
+        const auto l = int32_t(key / E), e = int32_t(key % E);
+        bad += mgl::expert_stage_sources(stage)[i] != o.home(l, e);
+        bad += std::memcmp(mgl::expert_stage_buffer(stage, i), o.blob(l, e), bytes) != 0;
+    }
+    REQUIRE_MESSAGE(bad == 0, bad << " stage entries hold the wrong source or bytes");
+    return stage->n;
+}
+
+}  // namespace
+
+TEST_CASE("expert offload, staging store: every miss fetched through the stage, same logits") {
+    // The store a host that cannot register (pin) the experts falls back to: the device fetch
+    // copies each miss home -> stage buffer (the host) -> slot (the device), and no miss may
+    // stay home (the device could not read it). On the CPU the op makes the same copies with
+    // memcpy. Pools from the smallest allowed (32 = n_experts of 160: most experts miss), the
+    // prompt in one chunk (a prompt: victims offered anyway) and in chunks of 3 tokens.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel staged = open_staged_test_model(path);
+    REQUIRE(staged.model->weights().placement().experts_staged);
+    for (const int64_t ubatch : {512, 3}) {
+        SessionParams sp;
+        sp.n_ubatch = ubatch;
+        const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, sp, 24);
+        for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(32)},
+                                            {routing::Policy::lru, int64_t(48)},
+                                            {routing::Policy::lfu, int64_t(96)}}) {
+            CAPTURE(ubatch);
+            CAPTURE(std::string(routing::policy_name(policy)));
+            CAPTURE(slots);
+            routing::CacheConfig cfg;
+            cfg.policy = policy;
+            cfg.n_slots = slots;
+            ExpertOffload offload(*staged.model, *staged.backend, cfg, nullptr, true);
+            REQUIRE(offload.uses_staging());
+            Session s(*staged.model, *staged.backend, sp);
+            offload.attach(s);
+            routing::RoutingTrace trace = empty_trace(*staged.model);
+            record_routing(s, trace);
+            int64_t staged_fills = 0;
+            s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                offload.after_step(r);
+                check_tables(offload, *staged.model);
+                staged_fills += check_stage(offload, *staged.model);
+            });
+            CHECK(s.eval(offload_test_prompt, true) == ref.prompt_logits);
+            bool all_equal = true;
+            for (size_t i = 0; i < ref.tokens.size(); ++i) {
+                const int32_t one[1] = {ref.tokens[i]};
+                all_equal = all_equal && s.eval(one) == ref.step_logits[i];
+            }
+            CHECK(all_equal);
+            const OffloadStats& st = offload.stats();
+            CHECK(st.reads_in_place == 0);
+            CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
+            CHECK(st.fills > slots);  // slots were refilled
+            CHECK(st.hits > 0);
+            CHECK(staged_fills > 0);  // the last layer's stage was checked with fills in it
+            MESSAGE("staging store, prompt chunks of "
+                    << ubatch << ", " << std::string(routing::policy_name(policy)) << " " << slots
+                    << " of 160 slots: " << st.hits << " hits of " << st.accesses << ", "
+                    << st.fills << " fills");
+        }
+    }
+}
+
+TEST_CASE("expert offload, staging store: configurations that would read in place are refused") {
+    TestModel m = open_staged_test_model((models_dir() / "demo.mds").string());
+    routing::CacheConfig cfg;
+    cfg.policy = routing::Policy::decay;
+    cfg.n_slots = 31;  // a layer may use all 32 experts in one step
+    CHECK_THROWS_WITH_AS(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true),
+                         doctest::Contains("a slot for every expert"), std::invalid_argument);
+    cfg.n_slots = 32;
+    // The host fetch reads misses in place, and so do per-layer pools and frequency admission.
+    CHECK_THROWS_WITH_AS(ExpertOffload(*m.model, *m.backend, cfg), doctest::Contains("staging"),
+                         std::invalid_argument);
+    cfg.per_layer = true;
+    CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg), std::invalid_argument);
+    cfg.per_layer = false;
+    cfg.admit = routing::Admission::frequency;
+    CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg), std::invalid_argument);
+    cfg.admit = routing::Admission::all;
+    CHECK_NOTHROW(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true));
 }

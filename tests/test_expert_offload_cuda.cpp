@@ -28,8 +28,10 @@ namespace {
 
 const bool no_gpu = !cuda_device_available();
 
+// `staged`: the staging store whatever the system registers (else the store MINIDS_EXPERT_STORE
+// picks, which may be the staging store too).
 TestModel open_cuda(const std::string& path, bool experts_resident,
-                    const mgl::cuda_fusions& fuse = {}) {
+                    const mgl::cuda_fusions& fuse = {}, bool staged = false) {
     TestModel m;
     m.file = mds::MdsFile::open(path);
     mgl::cuda_options options;
@@ -37,6 +39,7 @@ TestModel open_cuda(const std::string& path, bool experts_resident,
     m.backend = mgl::make_cuda_backend(options);
     WeightOptions o;
     o.experts_resident = experts_resident;
+    o.stage_experts = staged;
     m.model = std::make_unique<Deepseek2Model>(*m.file, *m.backend, o);
     return m;
 }
@@ -55,6 +58,12 @@ TEST_CASE("cuda expert offload: experts read in place or from slots give the res
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
     REQUIRE(offloaded.model->weights().placement().experts_in_place);
+    if (offloaded.model->weights().placement().experts_staged) {
+        MESSAGE(
+            "CUDA expert offload, host fetch: skipped, the staging store (it refuses the "
+            "host fetch, which reads misses in place)");
+        return;
+    }
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
     SessionParams sp;
@@ -123,6 +132,12 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
     mgl::cuda_fusions with_route_fetch;
     with_route_fetch.route_fetch = true;
     TestModel offloaded = open_cuda(path, false);
+    if (offloaded.model->weights().placement().experts_staged) {
+        MESSAGE(
+            "CUDA expert offload, device fetch from a registered store: skipped, the staging "
+            "store (its pools here are below n_experts; the staging store's own case runs)");
+        return;
+    }
     TestModel offloaded_fused = open_cuda(path, false, with_route_fetch);
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
@@ -200,6 +215,77 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
         }
 }
 
+TEST_CASE("cuda expert offload: the staging store gives the resident logits" *
+          doctest::skip(no_gpu)) {
+    // Nothing registered: the homes are pageable addresses in the file mapping, which the device
+    // cannot read. Each fetch is the plan kernel, a host node copying the posted fills into the
+    // pinned stage, then the copy kernel reading the stage; no miss may stay home. After every
+    // step the device's tables and slots are checked as in the device fetch case. Also with the
+    // route_fetch fusion requested, which a staged fetch must decline (same logits bit for bit).
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel resident = open_cuda(path, true);
+    mgl::cuda_fusions with_route_fetch;
+    with_route_fetch.route_fetch = true;
+    TestModel staged = open_cuda(path, false, {}, true);
+    TestModel staged_fused = open_cuda(path, false, with_route_fetch, true);
+    REQUIRE(staged.model->weights().placement().experts_staged);
+    const int64_t n_decode = 32;
+    auto read = [](void* dst, const void* src, size_t n) {
+        REQUIRE(cudaMemcpy(dst, src, n, cudaMemcpyDefault) == cudaSuccess);
+    };
+    // 32 slots (n_experts, the fewest allowed): most of the 160 experts miss.
+    for (const int64_t ubatch : {512, 3})
+        for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(32)},
+                                            {routing::Policy::lru, int64_t(48)},
+                                            {routing::Policy::lfu, int64_t(96)}}) {
+            CAPTURE(ubatch);
+            CAPTURE(std::string(routing::policy_name(policy)));
+            CAPTURE(slots);
+            SessionParams sp;
+            sp.kv_type = mgl::dtype::bf16;
+            sp.n_ubatch = ubatch;
+            const ReferenceRun ref =
+                greedy_reference(*resident.model, *resident.backend, sp, n_decode);
+            routing::CacheConfig cfg;
+            cfg.policy = policy;
+            cfg.n_slots = slots;
+            std::vector<std::vector<float>> logits_of[2];
+            for (const bool fused : {false, true}) {
+                CAPTURE(fused);
+                TestModel& m = fused ? staged_fused : staged;
+                ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
+                REQUIRE(offload.uses_staging());
+                Session s(*m.model, *m.backend, sp);
+                offload.attach(s);
+                s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                    offload.after_step(r);  // throws on a read in place or a wrong stage count
+                    m.backend->synchronize();
+                    check_tables(offload, *m.model, read);
+                });
+                std::vector<std::vector<float>>& logits = logits_of[fused ? 1 : 0];
+                logits.push_back(s.eval(offload_test_prompt, true));
+                double worst = worst_diff(logits.back(), ref.prompt_logits);
+                for (int64_t i = 0; i < n_decode; ++i) {
+                    const int32_t one[1] = {ref.tokens[size_t(i)]};
+                    logits.push_back(s.eval(one));
+                    worst = std::max(worst, worst_diff(logits.back(), ref.step_logits[size_t(i)]));
+                }
+                const OffloadStats& st = offload.stats();
+                MESSAGE("CUDA expert offload, staging store"
+                        << std::string(fused ? " (route_fetch asked)" : "") << ", prompt chunks of "
+                        << ubatch << ", " << std::string(routing::policy_name(policy)) << " "
+                        << slots << " of 160 slots: worst max|diff|/max|logit| " << worst << "; "
+                        << st.hits << " hits of " << st.accesses << ", " << st.fills << " fills, "
+                        << double(st.fetch_ns) / 1e6 << " ms waiting on the fetch");
+                CHECK(worst <= 1e-6);
+                CHECK(st.reads_in_place == 0);
+                CHECK(st.fills > slots);
+                CHECK(st.hits > 0);
+            }
+            CHECK(logits_of[1] == logits_of[0]);
+        }
+}
+
 namespace {
 
 // Pages the process has pinned (/proc/self/status VmPin: what cudaHostRegister and pinned
@@ -236,7 +322,8 @@ TEST_CASE(
             TestModel m = open_cuda(path, false);
             routing::CacheConfig cfg;
             cfg.policy = routing::Policy::decay;
-            cfg.n_slots = 24;
+            // The staging store (MINIDS_EXPERT_STORE=staging) needs a slot per expert of a layer.
+            cfg.n_slots = m.model->weights().placement().experts_staged ? 32 : 24;
             ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
             Session s(*m.model, *m.backend, SessionParams{});
             offload.attach(s);

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <sstream>
@@ -58,8 +60,11 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "first, then as many expert slots as fit (new, see docs/expert-cache.md)");
     cmd.add_option("--expert-cache-slots", f.expert_cache_slots,
                    "routed experts kept in GPU memory by the expert cache (the rest are read "
-                   "over PCIe from a registered copy in host memory as needed); turns the cache "
-                   "on. On the CPU it only exercises the cache's bookkeeping")
+                   "over PCIe from a registered copy in host memory as needed; "
+                   "MINIDS_EXPERT_STORE=mapped: the registered file mapping; "
+                   "MINIDS_EXPERT_STORE=staging: nothing registered, misses copied through "
+                   "pinned staging buffers, at least one slot per expert of a layer); turns the "
+                   "cache on. On the CPU it only exercises the cache's bookkeeping")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     cmd.add_option(
            "--expert-cache-policy", f.expert_cache_policy,
@@ -359,7 +364,11 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
             in.dense_bytes = dense;
             in.slot_bytes = ExpertOffload::slot_bytes_for(experts.blob_nbytes);
             in.n_experts = n_experts;
-            in.min_slots = min_slots;
+            // MINIDS_EXPERT_STORE=staging (model/weight_store.cpp): the cache then needs a slot
+            // for every expert of a layer (runtime/expert_offload.h), so the plan keeps that many.
+            const char* store = std::getenv("MINIDS_EXPERT_STORE");
+            const bool staging = store && std::string(store) == "staging";
+            in.min_slots = staging ? std::max<int64_t>(min_slots, c.n_routed_experts) : min_slots;
             in.kv_bytes_per_token = kv_per_token;
             in.n_ctx = flags.n_ctx;
             in.work_bytes = work_for(dense);
@@ -463,7 +472,10 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
                      command, mib(wp.dense_bytes), mib(wp.expert_bytes),
                      !wp.experts_in_place ? ""
                      : wp.experts_pinned  ? " (in slots; all of them in a registered host copy)"
-                                          : " (in slots; all of them in the registered file)",
+                     : wp.experts_staged
+                         ? " (in slots; all of them in the file, unregistered: every miss fetched "
+                           "through pinned staging buffers)"
+                         : " (in slots; all of them in the registered file)",
                      mib(wp.table_bytes), wp.seconds,
                      wp.registered ? "from the page-locked mapping"
                      : wp.staged   ? "through pinned staging buffers"

@@ -36,7 +36,7 @@ Deepseek2Model::Deepseek2Model(const mds::MdsFile& file, mgl::backend& backend,
                                const WeightOptions& options)
     : file_(file),
       cfg_(file.config()),
-      store_(std::make_unique<WeightStore>(file, backend, options.experts_resident)) {
+      store_(std::make_unique<WeightStore>(file, backend, options)) {
     if (cfg_.scoring_func != "softmax") {
         throw mds::FileError(file_.path() +
                              ": config scoring_func: expected \"softmax\", found \"" +
@@ -340,9 +340,9 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
     const mgl::shared_expert shared{L.ffn_gate, L.ffn_up, L.ffn_down};
     mgl::tensor* table = L.expert_table;
     if (batch.expert_fetch)
-        table = named(
-            mgl::expert_fetch(ctx, table, ids, batch.expert_fetch, int(moe_index), expert_layout_),
-            "expert_fetch", il);
+        table = named(mgl::expert_fetch(ctx, table, ids, batch.expert_fetch, int(moe_index),
+                                        expert_layout_, batch.expert_stage),
+                      "expert_fetch", il);
     return named(mgl::moe_experts(ctx, x, ids, w, table, expert_layout_, shared), "ffn_out",
                  il);  // [T, D]
 }

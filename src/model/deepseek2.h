@@ -64,6 +64,10 @@ struct ForwardBatch {
     // with this state copies the layer's missing experts into slots (runtime/expert_offload.h).
     // Null: the expert tables are read as they are.
     mgl::tensor* expert_fetch = nullptr;
+    // With expert_fetch, the staging store's stage (mgl::expert_fetch's `stage`): the experts'
+    // homes are host memory the device cannot read, so every fill goes through it. Null: the
+    // homes are readable in place.
+    mgl::tensor* expert_stage = nullptr;
 };
 
 struct ForwardResult {

@@ -57,8 +57,12 @@ uint64_t total(const std::vector<std::span<const uint8_t>>& parts) {
 
 }  // namespace
 
-WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend, bool experts_resident)
-    : file_(file), backend_(backend), experts_resident_(experts_resident) {}
+WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend,
+                         const WeightOptions& options)
+    : file_(file),
+      backend_(backend),
+      experts_resident_(options.experts_resident),
+      stage_experts_(options.stage_experts) {}
 
 WeightStore::~WeightStore() = default;
 
@@ -126,8 +130,12 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     // (MAP_PRIVATE), and cudaHostAlloc plus the copy ~10.6 s (docs/perf.md, 2026-12-01).
     // MINIDS_EXPERT_STORE=mapped registers the mapping instead (no second copy in host memory).
     // A backend that computes in host memory (the CPU) reads the mapping as is.
+    // MINIDS_EXPERT_STORE=staging (or WeightOptions::stage_experts) registers nothing: the
+    // staging store, also what is left when the system refuses both registrations.
     const char* env = std::getenv("MINIDS_EXPERT_STORE");
     const bool want_mapped = env && std::string(env) == "mapped";
+    const bool want_staged = stage_experts_ || (env && std::string(env) == "staging");
+    if (want_staged) return place_experts_staged(addresses, copied);
     // The copy is made only where the host has room for it beside everything else (the page
     // cache holding the file can be reclaimed, the copy cannot): else the mapping is used.
     const uint64_t available = available_host_memory();
@@ -166,13 +174,11 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
         // The experts stay in the mapping: register their span (read-only) so the backend's
         // kernels and copies address it directly.
         expert_registration_ = backend_.register_host(lo, size_t(span), true);
-        if (!expert_registration_)  // the system refused: one line, exit status 1
-            throw std::system_error(
-                std::make_error_code(std::errc::operation_not_permitted),
-                "the GPU driver refused to register the experts' " + std::to_string(span >> 20) +
-                    " MiB of the mapped file for reading in place, and they could not be "
-                    "copied to pinned memory either; a budget that holds every expert, or "
-                    "--cpu, avoids it");
+        if (!expert_registration_) {  // the system refused both: the staging store
+            stamp("registration refused: the staging store");
+            return place_experts_staged(addresses,
+                                        counted ? std::function<void(uint64_t)>{} : copied);
+        }
         if (!counted) copied(span);
     }
     for (ExpertTable& tb : tables_) {
@@ -183,6 +189,19 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     }
     placement_.experts_in_place = true;
     placement_.experts_pinned = expert_copy_ != nullptr;
+}
+
+void WeightStore::place_experts_staged(std::vector<int64_t>& addresses,
+                                       const std::function<void(uint64_t)>& copied) {
+    // Nothing registered: the homes are the blobs' addresses in the mapping, which the device
+    // cannot read; the expert cache copies each miss through its pinned stage
+    // (runtime/expert_offload.h) and never lets a kernel read one in place.
+    for (const ExpertTable& tb : tables_)
+        for (const uint8_t* b : tb.blobs) addresses.push_back(int64_t(b));
+    if (copied) copied(expert_span().second);
+    placement_.experts_in_place = true;
+    placement_.experts_pinned = false;
+    placement_.experts_staged = true;
 }
 
 void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -205,6 +224,9 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
             for (const uint8_t* b : tb.blobs) addresses.push_back(int64_t(b));
             placement_.expert_bytes += tb.blobs.size() * tb.blob_bytes;
         }
+        // The mapping is read in place here anyway; marked, the expert cache stages its fills
+        // as it would on a device (the CPU tests of the staging store).
+        placement_.experts_staged = stage_experts_ && !tables_.empty();
     } else {
         uint64_t dense = 0, experts = 0;
         for (Item& it : items_) {
@@ -285,8 +307,9 @@ void WeightStore::place(const std::function<void(uint64_t, uint64_t)>& progress)
                     if (progress) progress(done, all);
                 },
                 stamp);
-            stamp(placement_.experts_pinned ? "experts' copy registered"
-                                            : "experts registered in the mapping");
+            stamp(placement_.experts_pinned   ? "experts' copy registered"
+                  : placement_.experts_staged ? "experts left in the mapping, unregistered"
+                                              : "experts registered in the mapping");
         } else {
             uint64_t slot = 0;
             for (const ExpertTable& tb : tables_) {

@@ -11,7 +11,9 @@
 //
 // With experts_resident = false (an expert cache) the routed experts stay in host memory: by
 // default a copy of their span in anonymous memory, registered with the backend; else the file
-// mapping itself, registered (place_experts_in_host_memory says why the copy is the default).
+// mapping itself, registered (place_experts_in_host_memory says why the copy is the default);
+// where neither can be registered (or MINIDS_EXPERT_STORE=staging), the mapping unregistered,
+// which the expert cache then reads only through pinned staging buffers (the staging store).
 //
 // Each MoE layer gets an expert table, an i64 tensor [n_experts] holding the address of each
 // expert's blob in the backend's memory: that is what moe_experts reads.
@@ -60,6 +62,11 @@ struct WeightOptions {
     bool experts_resident = true;
     // Called while copying: bytes done, bytes in all (only when copying).
     std::function<void(uint64_t, uint64_t)> progress;
+    // With experts_resident = false: the staging store whatever could be registered (what
+    // MINIDS_EXPERT_STORE=staging asks for), so both the registered and the staged paths can be
+    // tested on one machine. On a backend that computes in host memory (the CPU) it only marks
+    // the placement (experts_staged), so the expert cache runs its staged bookkeeping there too.
+    bool stage_experts = false;
 };
 
 struct WeightPlacement {
@@ -68,16 +75,20 @@ struct WeightPlacement {
     bool staged = false;            // copied through pinned staging buffers (StagedCopier)
     bool experts_in_place = false;  // experts stay in host memory (not copied to the device)
     bool experts_pinned = false;    // ... as a registered copy, not the registered mapping
-    uint64_t dense_bytes = 0;       // dense weights (incl. merged copies)
-    uint64_t expert_bytes = 0;      // routed expert blobs
-    uint64_t table_bytes = 0;       // expert tables
-    double seconds = 0.0;           // wall time of place()
-    std::string memory = "host";    // where the backend reads them
+    // ... in the mapping, unregistered (the staging store): table homes are host addresses the
+    // device cannot read, so the expert cache must fetch every miss through pinned staging.
+    bool experts_staged = false;
+    uint64_t dense_bytes = 0;     // dense weights (incl. merged copies)
+    uint64_t expert_bytes = 0;    // routed expert blobs
+    uint64_t table_bytes = 0;     // expert tables
+    double seconds = 0.0;         // wall time of place()
+    std::string memory = "host";  // where the backend reads them
 };
 
 class WeightStore {
 public:
-    WeightStore(const mds::MdsFile& file, mgl::backend& backend, bool experts_resident = true);
+    // Takes options.experts_resident and options.stage_experts.
+    WeightStore(const mds::MdsFile& file, mgl::backend& backend, const WeightOptions& options = {});
     ~WeightStore();
     WeightStore(const WeightStore&) = delete;
     WeightStore& operator=(const WeightStore&) = delete;
@@ -121,10 +132,14 @@ private:
     // [first byte, size) of the bytes that hold every expert blob in the mapping.
     std::pair<const uint8_t*, uint64_t> expert_span() const;
     // experts_resident == false: the experts' host store (a pinned copy, else the registered
-    // mapping); appends each blob's address for the kernels, reports bytes as it copies.
+    // mapping, else the mapping unregistered: staged); appends each blob's address for the
+    // kernels (its host address when staged), reports bytes as it copies.
     void place_experts_in_host_memory(std::vector<int64_t>& addresses,
                                       const std::function<void(uint64_t)>& copied,
                                       const std::function<void(const char*)>& stamp);
+    // The staging store: the mapping as is, unregistered.
+    void place_experts_staged(std::vector<int64_t>& addresses,
+                              const std::function<void(uint64_t)>& copied);
 
     struct Item {
         mgl::tensor* t = nullptr;
@@ -135,6 +150,7 @@ private:
     const mds::MdsFile& file_;
     mgl::backend& backend_;
     bool experts_resident_ = true;
+    bool stage_experts_ = false;
     std::vector<Item> items_;
     std::vector<std::vector<uint8_t>> owned_;
     std::vector<ExpertTable> tables_;

@@ -32,6 +32,21 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
             "expert cache: the device fetch fills slots inside the step and needs one global "
             "pool, admission 'all' and no copy stream");
     }
+    staging_ = store_.placement().experts_staged;
+    if (staging_ && !device_fetch) {
+        throw std::invalid_argument(
+            "expert cache: the experts' host store is the staging store (nothing registered: "
+            "MINIDS_EXPERT_STORE=staging, or the system refused), which the GPU cannot read in "
+            "place; only the device fetch serves it (--expert-cache-fetch device: one global "
+            "pool, admission 'all', no copy stream)");
+    }
+    if (staging_ && config_.n_slots < config_.n_experts) {
+        throw std::invalid_argument(
+            "expert cache: the staging store needs a slot for every expert one layer may use in "
+            "a step (" +
+            std::to_string(config_.n_experts) + "), found " + std::to_string(config_.n_slots) +
+            " slots; a larger --vram-budget or --expert-cache-slots gives more");
+    }
     cache_ = routing::make_expert_cache(config_);
     blob_bytes_ = tables[0].blob_bytes;
     slot_stride_ = slot_bytes_for(blob_bytes_);
@@ -75,7 +90,7 @@ void ExpertOffload::attach(Session& session) {
     });
     // Always set, so a session that had another cache's fetch forgets it. (queue_fill_log runs
     // while the step does: not counted as host time.)
-    session.set_expert_fetch(state_,
+    session.set_expert_fetch(state_, stage_,
                              state_ ? std::function<void(int64_t)>([this](int64_t n) {
                                  HostTime t(stats_.host_ns);
                                  before_step(n);

@@ -17,6 +17,11 @@
 // (into its slot) and is read from HBM. after_step() then replays the device's fill log
 // through the policy and the host's copy of the tables.
 //
+// With the staging store (WeightPlacement::experts_staged: the experts in host memory nothing
+// registered, which the device cannot read), the device fetch copies every miss through a pinned
+// stage this object owns (mgl::expert_stage_header): before_step() offers enough victims that no
+// miss is left home, and a read in place after a step is an internal error.
+//
 // Invariant (checked by the tests): an entry points at a slot only when that slot holds that
 // expert's bytes. A slot is refilled only after the step that read it has finished (after_step
 // runs once the host has the step's logits), and the entry of the expert it held has been
@@ -78,7 +83,8 @@ public:
     // its fence has passed, checked at each later step. Null: fills are queued on the
     // backend's stream before the next step, which waits for them.
     // `device_fetch`: fill slots inside the step (see above); needs one global pool, admission
-    // `all` and no transfer queue.
+    // `all` and no transfer queue. The staging store needs the device fetch and a slot for
+    // every expert of a layer (n_slots >= n_experts).
     ExpertOffload(const Deepseek2Model& model, mgl::backend& backend, routing::CacheConfig config,
                   std::unique_ptr<mgl::transfer_queue> transfers = nullptr,
                   bool device_fetch = false);
@@ -99,6 +105,13 @@ public:
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
     void after_step(const RoutingRecord& r);
     bool uses_device_fetch() const { return state_ != nullptr; }
+    // The device fetch's state (memory starting with an mgl::expert_fetch_header), or null.
+    const mgl::tensor* fetch_state() const { return state_; }
+    // The staging store's stage (the header the last layer's fetch posted), or null.
+    bool uses_staging() const { return stage_ != nullptr; }
+    const mgl::expert_stage_header* stage_header() const {
+        return stage_ ? static_cast<const mgl::expert_stage_header*>(stage_->data) : nullptr;
+    }
     // Slots whose fill has been queued on the transfer queue and not yet seen done.
     int64_t pending_fills() const { return int64_t(pending_.size()); }
     // Whether the slot at backend address `address` has a fill that has not landed yet.
@@ -126,6 +139,13 @@ private:
     void point_home();
     // Allocates the device fetch's state (once) and writes its empty-cache contents.
     void setup_device_fetch();
+    // The staging store: allocates the stage (once) and writes its header.
+    void setup_stage();
+    // The victims the state has room for: every slot once, or with the staging store the most a
+    // step may take (n_layers · n_experts: the policy's order repeated, see before_step).
+    int64_t victim_capacity() const;
+    // The staging store: `n` victims, the policy's order repeated.
+    std::vector<int32_t> victims_for_every_miss(int64_t n) const;
     // Device fetch: queues the download of the step's counters, id log and fill log into
     // pinned memory (Session calls it after queuing the step, so it shares the step's one
     // wait). Returns where the step's ids will be once it is done (every MoE layer's
@@ -164,6 +184,11 @@ private:
     mgl::buffer_ptr upload_host_;  // pinned: the counters, then the victims and ranks uploaded
     mgl::buffer_ptr log_host_;  // pinned: the header, id log and fill log queue_fill_log downloads
     bool log_queued_ = false;   // queue_fill_log ran for the step not yet replayed
+    // The staging store: the stage (pinned, device-mapped host memory; the tensor's data is its
+    // host address, which is also its device address), null otherwise.
+    bool staging_ = false;
+    mgl::buffer_ptr stage_buf_;
+    mgl::tensor* stage_ = nullptr;
 };
 
 }  // namespace minids

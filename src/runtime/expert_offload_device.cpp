@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <system_error>
 
 #include "runtime/expert_offload.h"
 
@@ -20,18 +22,20 @@ static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
 // host uploads before each step, back to back (victims, their ranks, the keys' arrival ranks:
 // one copy), then the rest. A step fills each key at most once, so the fill log and the
 // arrivals hold n_layers · n_experts entries; the id log holds a decoded token's ids
-// (n_layers · k).
+// (n_layers · k); the victims (and their ranks) `n_victims` (ExpertOffload::victim_capacity).
 struct StateLayout {
     size_t id_log, fill_log, arrivals, victims, victim_ranks, key_ranks, tables, homes, slot_keys,
         words;
-    StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots, int64_t top_k) {
+    StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots, int64_t n_victims,
+                int64_t top_k) {
         const auto keys = size_t(n_layers * n_experts), slots = size_t(n_slots);
+        const auto offered = size_t(n_victims);
         id_log = kHeaderWords;                                 // i32
         fill_log = id_log + size_t(n_layers * top_k + 1) / 2;  // a (key, slot) pair of i32 per word
         arrivals = fill_log + keys;                            // i32
         victims = arrivals + (keys + 1) / 2;                   // i32
-        victim_ranks = victims + (slots + 1) / 2;              // two words per expert_fetch_rank
-        key_ranks = victim_ranks + 2 * slots;
+        victim_ranks = victims + (offered + 1) / 2;            // two words per expert_fetch_rank
+        key_ranks = victim_ranks + 2 * offered;
         tables = key_ranks + 2 * keys;
         homes = tables + size_t(n_layers);
         slot_keys = homes + keys;
@@ -47,9 +51,51 @@ constexpr int64_t kMostRecycledArrivals = 512;
 
 }  // namespace
 
+int64_t ExpertOffload::victim_capacity() const {
+    return staging_ ? int64_t(config_.n_layers) * config_.n_experts : config_.n_slots;
+}
+
+void ExpertOffload::setup_stage() {
+    // Capacity: the most fills one layer's fetch may post, one per distinct expert it uses. The
+    // chunk size is the session's, not known here, so n_experts (64 x 8.6 MB for V2-Lite FP8).
+    const mgl::expert_stage_header h =
+        mgl::expert_stage_layout(config_.n_experts, int64_t(blob_bytes_));
+    if (!stage_) {  // once: recorded graphs keep the stage's address
+        const size_t bytes = mgl::expert_stage_bytes(h);
+        try {
+            stage_buf_ = backend_.alloc_host_buffer(bytes);
+        } catch (const mgl::error& e) {
+            throw std::system_error(
+                std::make_error_code(std::errc::not_enough_memory),
+                "expert cache: the staging store's " + std::to_string(bytes >> 20) +
+                    " MiB of pinned host memory for " + std::to_string(h.capacity) +
+                    " experts could not be allocated (" + e.what() + ")");
+        }
+        // No bind: the stage is host memory, and the CUDA backend reads such a leaf through its
+        // device-mapped address (the same address with unified addressing), not as a buffer.
+        stage_ = state_ctx_.new_tensor(mgl::dtype::i64, {int64_t(bytes / sizeof(int64_t))},
+                                       "expert_fetch_stage");
+        stage_->data = stage_buf_->base();
+    }
+    std::memcpy(stage_buf_->base(), &h, sizeof h);
+}
+
+std::vector<int32_t> ExpertOffload::victims_for_every_miss(int64_t n) const {
+    // The policy's whole order when a step may take more victims than there are slots (a slot
+    // filled for an earlier layer of the step may be taken again: that layer has finished).
+    const auto first = int32_t(std::min<int64_t>(config_.n_slots, n));
+    std::vector<int32_t> order = cache_->victims(first);
+    if (int64_t(order.size()) != first)
+        throw std::logic_error("expert cache: the policy offered " + std::to_string(order.size()) +
+                               " of " + std::to_string(first) + " victims");
+    std::vector<int32_t> out(static_cast<size_t>(n));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = order[i % order.size()];
+    return out;
+}
+
 void ExpertOffload::setup_device_fetch() {
     const int64_t L = config_.n_layers, E = config_.n_experts, S = config_.n_slots;
-    const StateLayout at(L, E, S, top_k_);
+    const StateLayout at(L, E, S, victim_capacity(), top_k_);
     if (!state_) {  // once: recorded graphs keep the state's address
         state_buf_ = backend_.alloc_buffer(at.words * sizeof(int64_t));
         state_ = state_ctx_.new_tensor(mgl::dtype::i64, {int64_t(at.words)}, "expert_fetch_state");
@@ -86,6 +132,7 @@ void ExpertOffload::setup_device_fetch() {
     auto* keys = reinterpret_cast<int32_t*>(init.data() + at.slot_keys);
     std::fill(keys, keys + S, -1);
     backend_.copy_to_backend(base, init.data(), init.size() * sizeof(int64_t));
+    if (staging_) setup_stage();
 }
 
 void ExpertOffload::before_step(int64_t n_tokens) {
@@ -93,18 +140,33 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     const int64_t L = config_.n_layers, E = config_.n_experts;
     // At most one fill per distinct expert a layer uses.
     const int64_t most = L * std::min<int64_t>(E, n_tokens * top_k_);
-    victims_ = cache_->victims(int32_t(std::min<int64_t>(config_.n_slots, most)));
-    // A prompt chunk uses nearly every expert of every layer once: an eviction would only
-    // make a later layer of the same chunk miss what it evicted, so only free slots are
-    // offered and the other misses are read in place (each crosses the link once either way).
     const bool prompt = n_tokens * top_k_ >= E;
-    if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
-    most_fills_ = prompt ? int64_t(victims_.size()) : most;
+    if (staging_) {
+        // No miss may stay home (the device cannot read it there), so `most` victims, the
+        // policy's order repeated. Enough: a layer's plan passes over a victim only when it
+        // holds an expert the layer uses (H of its U experts are in slots) and takes one per
+        // miss (U - H), so each layer uses at most U <= min(E, T·k) entries; and n_slots >= E
+        // consecutive entries hold every slot once, at most H of them passed over, so at least
+        // n_slots - H >= U - H can be taken before a layer would run short. Prompts too: here
+        // an eviction a later layer regrets is still cheaper than no fill at all.
+        victims_ = victims_for_every_miss(most);
+        most_fills_ = most;
+    } else {
+        victims_ = cache_->victims(int32_t(std::min<int64_t>(config_.n_slots, most)));
+        // A prompt chunk uses nearly every expert of every layer once: an eviction would only
+        // make a later layer of the same chunk miss what it evicted, so only free slots are
+        // offered and the other misses are read in place (each crosses the link once either
+        // way).
+        if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
+        most_fills_ = prompt ? int64_t(victims_.size()) : most;
+    }
     // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
     // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
-    // uploaded with the victims.
-    const bool recycle = !prompt && most <= kMostRecycledArrivals;
-    const StateLayout at(L, E, config_.n_slots, top_k_);
+    // uploaded with the victims. Not with the staging store: its victims repeat, and the CUDA
+    // plan reads a layer's candidates before it decides, so a slot it re-took as an arrival
+    // could come up again as a candidate the plan thinks holds another layer's expert.
+    const bool recycle = !staging_ && !prompt && most <= kMostRecycledArrivals;
+    const StateLayout at(L, E, config_.n_slots, victim_capacity(), top_k_);
     auto* base = static_cast<int64_t*>(state_buf_->base());
     // Everything goes up from pinned memory (a pageable source makes the driver stage each copy
     // while the GPU idles between steps) in two copies: the counters, and the victims with the
@@ -145,7 +207,8 @@ void ExpertOffload::before_step(int64_t n_tokens) {
 
 const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
     // The header's counters, the id log and the fill log, in one download.
-    const StateLayout at(config_.n_layers, config_.n_experts, config_.n_slots, top_k_);
+    const StateLayout at(config_.n_layers, config_.n_experts, config_.n_slots, victim_capacity(),
+                         top_k_);
     const size_t bytes = (at.fill_log + size_t(most_fills_)) * sizeof(int64_t);
     auto* staged = static_cast<int64_t*>(backend_.host_staging(log_host_, bytes));
     backend_.download_async(*state_, staged, 0, bytes);
@@ -163,7 +226,7 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
         backend_.synchronize();
     }
     log_queued_ = false;
-    const StateLayout at(L, E, config_.n_slots, top_k_);
+    const StateLayout at(L, E, config_.n_slots, victim_capacity(), top_k_);
     const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
@@ -195,6 +258,11 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
                 ++stats_.fills;
                 stats_.bytes_filled += blob_bytes_;
             } else if (shadow_[size_t(l)][size_t(e)] == home(l, e)) {
+                if (staging_)  // on a GPU the kernels would have read memory they cannot read
+                    throw std::logic_error(
+                        "expert cache: the staging store's step left a miss in host memory "
+                        "(layer " +
+                        std::to_string(l) + ", expert " + std::to_string(e) + ")");
                 ++stats_.reads_in_place;
                 stats_.bytes_read_in_place += blob_bytes_;
                 for (int64_t i = 0; i < u; ++i) cache_->bypass(l, e);
@@ -210,6 +278,12 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     }
     if (f != h.n_fills)
         throw std::logic_error("expert cache: the device's fill log does not follow the routing");
+    // The stage holds what the last MoE layer's fetch posted: its fills.
+    if (const mgl::expert_stage_header* stage = stage_header();
+        stage && stage->n != h.n_fills - h.layer_fills)
+        throw std::logic_error("expert cache: the stage holds " + std::to_string(stage->n) +
+                               " fills of the last layer's " +
+                               std::to_string(h.n_fills - h.layer_fills));
     // The step's wait on its fetches (0 where the backend does not time them: the CPU's).
     const int64_t last = h.fetch_t1 > h.fetch_t0 ? h.fetch_t1 - h.fetch_t0 : 0;
     if (h.fetch_ns >= 0) stats_.fetch_ns += uint64_t(h.fetch_ns + last);

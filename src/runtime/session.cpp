@@ -49,10 +49,12 @@ void Session::set_routing_override(RoutingOverride f) {
     routing_override_ = std::move(f);
 }
 
-void Session::set_expert_fetch(mgl::tensor* state, std::function<void(int64_t)> prepare,
+void Session::set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
+                               std::function<void(int64_t)> prepare,
                                std::function<const int32_t*(int64_t)> collect) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
+    expert_stage_ = state ? stage : nullptr;
     expert_fetch_prepare_ = std::move(prepare);
     expert_fetch_collect_ = std::move(collect);
 }
@@ -95,6 +97,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.routing_ids = s->routing_ids;
     batch.routing_weights = s->routing_weights;
     batch.expert_fetch = expert_fetch_;
+    batch.expert_stage = expert_stage_;
     s->out = model_.build_forward(s->ctx, batch);
 
     // The routers' choices are outputs too: kept for the routing observer, and computed even

@@ -87,8 +87,10 @@ public:
     // what it queues (the fetch's counters, id log and fill log) comes back in the eval's one
     // wait with the logits; it returns where the step's routing ids will then be (every MoE
     // layer's T · k, back to back), which spares the session one download per layer, or null
-    // when it does not log them. A null state turns it off. Re-records the decode graph.
-    void set_expert_fetch(mgl::tensor* state, std::function<void(int64_t n_tokens)> prepare,
+    // when it does not log them. A null state turns it off. `stage`: the staging store's
+    // (mgl::expert_fetch), or null. Re-records the decode graph.
+    void set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
+                          std::function<void(int64_t n_tokens)> prepare,
                           std::function<const int32_t*(int64_t n_tokens)> collect = nullptr);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
@@ -146,6 +148,7 @@ private:
     RoutingObserver expert_cache_hook_;
     RoutingOverride routing_override_;
     mgl::tensor* expert_fetch_ = nullptr;
+    mgl::tensor* expert_stage_ = nullptr;
     std::function<void(int64_t)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
     size_t routing_queued_ = 0;  // ids queue_routing staged in routing_host_ (weights after them)
