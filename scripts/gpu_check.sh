@@ -78,9 +78,10 @@ timeout 600 "$BIN/minids_tests" -tc='cuda*,mgl cuda*' -tce='cuda expert offload*
 say "tests (cuda*): $(grep -E '^\[doctest\] test cases' "$OUT/tests_cuda.log" | tail -1) [$(elapsed)]"
 # The expert cache's GPU test in a process of its own (new code: a device fault there must not
 # take the other GPU tests' context with it).
-# Twice: with the experts' host store as a registered copy (the default) and as the registered
-# file mapping (MINIDS_EXPERT_STORE=mapped, the fallback).
-for store in copy mapped; do
+# Three times: with the experts' host store as a registered copy (the default), as the
+# registered file mapping (MINIDS_EXPERT_STORE=mapped, the fallback), and unregistered, fetched
+# through pinned staging buffers (MINIDS_EXPERT_STORE=staging, the fallback's fallback).
+for store in copy mapped staging; do
     MINIDS_EXPERT_STORE=$store timeout 300 "$BIN/minids_tests" -tc='cuda expert offload*' > "$OUT/tests_offload_$store.log" 2>&1
     say "tests (cuda expert offload, host store $store): $(grep -E '^\[doctest\] test cases' "$OUT/tests_offload_$store.log" | tail -1)"
     grep 'MESSAGE: CUDA expert offload' "$OUT/tests_offload_$store.log" | sed 's/.*MESSAGE: //' | cut -c1-170 | while read -r l; do say "  $l"; done
