@@ -401,6 +401,10 @@ TEST_CASE("expert offload, staging store: every miss fetched through the stage, 
             const OffloadStats& st = offload.stats();
             CHECK(st.reads_in_place == 0);
             CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
+            // The simulator's model of the staging store's rules predicts the engine exactly.
+            const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg, false, true);
+            CHECK(st.hits == sim.hits);
+            CHECK(st.fills == sim.fills);
             CHECK(st.fills > slots);  // slots were refilled
             CHECK(st.hits > 0);
             CHECK(staged_fills > 0);  // the last layer's stage was checked with fills in it

@@ -257,6 +257,8 @@ TEST_CASE("cuda expert offload: the staging store gives the resident logits" *
                 REQUIRE(offload.uses_staging());
                 Session s(*m.model, *m.backend, sp);
                 offload.attach(s);
+                routing::RoutingTrace trace = empty_trace(*m.model);
+                record_routing(s, trace);
                 s.set_expert_cache_hook([&](const RoutingRecord& r) {
                     offload.after_step(r);  // throws on a read in place or a wrong stage count
                     m.backend->synchronize();
@@ -281,6 +283,11 @@ TEST_CASE("cuda expert offload: the staging store gives the resident logits" *
                 CHECK(st.reads_in_place == 0);
                 CHECK(st.fills > slots);
                 CHECK(st.hits > 0);
+                // The simulator's model of the staging store's rules predicts the engine.
+                const routing::SimResult sim =
+                    routing::simulate_device_fetch(trace, cfg, false, true);
+                CHECK(st.hits == sim.hits);
+                CHECK(st.fills == sim.fills);
             }
             CHECK(logits_of[1] == logits_of[0]);
         }

@@ -136,9 +136,11 @@ void add_sweep_flags(CLI::App& cmd, SweepOptions& o) {
                    "host (the simulator's rules above, the engine's host fetch), device (the "
                    "engine's device fetch: victims fixed before each forward pass, misses "
                    "without one read in place; global pools, online policies, admission all; "
-                   "shown as policy@device) or both")
+                   "shown as policy@device), both, or staging (the device fetch with the staging "
+                   "store's rules: victims for every miss, prompts included, none re-evicted by "
+                   "rank; at least one slot per expert of a layer; shown as policy@staging)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"host", "device", "both"}));
+        ->check(CLI::IsMember({"host", "device", "both", "staging"}));
     cmd.add_flag("--decode", o.decode,
                  "device fetch: every token its own forward pass, as if the text were decoded "
                  "token by token (by default a recorded prompt chunk is one pass, as in the run)");
@@ -250,14 +252,19 @@ std::vector<SweepRow> run_sweep(const RoutingTrace& tr, const SweepOptions& o) {
         }
         const CacheConfig c = row.result.config;
         const Policy p = c.policy;
-        if (o.fetch != "device") {
+        if (o.fetch == "host" || o.fetch == "both") {
             if (p == Policy::belady && next.empty()) next = next_uses(tr);
             row.result = simulate(tr, c, p == Policy::belady ? &next : nullptr);
             rows.push_back(row);
         }
         // The device fetch: where the engine can run it.
         if (o.fetch != "host" && !c.per_layer && c.admit == Admission::all && policy_is_online(p)) {
-            row.result = simulate_device_fetch(tr, c, o.decode);
+            const bool staging = o.fetch == "staging";
+            if (staging && c.n_slots < c.n_experts) {
+                row.skipped = "the staging store needs " + std::to_string(c.n_experts) + " slots";
+            } else {
+                row.result = simulate_device_fetch(tr, c, o.decode, staging);
+            }
             rows.push_back(std::move(row));
         }
     }

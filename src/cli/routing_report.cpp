@@ -21,12 +21,14 @@ std::string fmt(const char* f, double v) {
 
 std::string pools_name(const CacheConfig& c) { return c.per_layer ? "per-layer" : "global"; }
 
-// The policy as the tables name it: "decay", "decay+admit" with frequency admission, and
-// "decay@device" for the engine's device fetch.
+// The policy as the tables name it: "decay", "decay+admit" with frequency admission,
+// "decay@device" for the engine's device fetch and "decay@staging" for it with the staging store.
 std::string policy_label(const SimResult& r) {
     const CacheConfig& c = r.config;
     return std::string(policy_name(c.policy)) + (c.admit == Admission::frequency ? "+admit" : "") +
-           (r.device_fetch ? "@device" : "");
+           (r.staging        ? "@staging"
+            : r.device_fetch ? "@device"
+                             : "");
 }
 
 double cached_fraction(const RoutingTrace& tr, int64_t slots) {

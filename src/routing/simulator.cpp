@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace minids::routing {
 
@@ -126,16 +127,21 @@ int32_t device_fetch_victim(const std::vector<int32_t>& victims,
 
 }  // namespace
 
-SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool token_steps) {
+SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool token_steps,
+                                bool staging) {
     c.n_layers = tr.shape.n_moe_layers();
     c.n_experts = tr.shape.n_experts;
     check_config(c, tr.shape.top_k);
     if (c.per_layer || c.policy == Policy::belady)
         throw std::invalid_argument("device fetch: one global pool and an online policy only");
+    if (staging && c.n_slots < c.n_experts)
+        throw std::invalid_argument("the staging store needs a slot for every expert of a layer (" +
+                                    std::to_string(c.n_experts) + ")");
     const int32_t L = c.n_layers, E = c.n_experts, k = tr.shape.top_k;
     SimResult r;
     r.config = c;
     r.device_fetch = true;
+    r.staging = staging;
     r.n_tokens = tr.n_tokens;
     r.expert_bytes = tr.shape.expert_bytes;
     r.layer_hits.assign(size_t(L), 0);
@@ -150,18 +156,26 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
                tr.step[size_t(t1)] == tr.step[size_t(t0)])
             ++t1;
         const int64_t T = t1 - t0;
-        const int64_t offer =
-            std::min<int64_t>(c.n_slots, int64_t(L) * std::min<int64_t>(E, T * k));
-        std::vector<int32_t> victims = cache->victims(int32_t(offer));
+        const int64_t most = int64_t(L) * std::min<int64_t>(E, T * k);
+        std::vector<int32_t> victims = cache->victims(int32_t(std::min<int64_t>(c.n_slots, most)));
         // A prompt chunk (every layer uses nearly all its experts) takes free slots only and
         // never evicts what it brought in; a decode pass may re-evict its own earlier arrivals.
+        // The staging store offers victims for every miss instead (ExpertOffload::before_step).
         const bool prompt = T * k >= E;
-        if (prompt) std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
+        if (staging) {
+            const std::vector<int32_t> order = victims;
+            victims.resize(size_t(most));
+            for (size_t i = order.size(); i < victims.size(); ++i)
+                victims[i] = order[i % order.size()];
+        } else if (prompt) {
+            std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
+        }
+        const bool recycle = !staging && !prompt;
         // The ranks as the engine uploads them before the pass.
         std::vector<Rank> victim_rank(victims.size());
         for (size_t i = 0; i < victims.size(); ++i)
             victim_rank[i] = slot_key[size_t(victims[i])] < 0 ? free_rank : cache->rank(victims[i]);
-        if (!prompt) cache->arrival_ranks(key_rank);
+        if (recycle) cache->arrival_ranks(key_rank);
         size_t next = 0;
         std::vector<int32_t> arrivals;
         for (int32_t l = 0; l < L; ++l) {
@@ -177,7 +191,9 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
                     continue;
                 }
                 const int32_t slot = device_fetch_victim(victims, victim_rank, next, arrivals,
-                                                         key_rank, slot_key, uses, l, E, !prompt);
+                                                         key_rank, slot_key, uses, l, E, recycle);
+                if (slot < 0 && staging)
+                    throw std::logic_error("staging store: a miss found no victim");
                 if (slot < 0) {
                     for (int64_t i = 0; i < u; ++i) cache->bypass(l, e);
                     continue;

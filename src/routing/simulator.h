@@ -23,6 +23,7 @@ struct SimResult {
     std::vector<int64_t> layer_accesses, layer_hits;  // per MoE layer
     uint64_t expert_bytes = 0;
     bool device_fetch = false;  // simulate_device_fetch: the engine's device fetch
+    bool staging = false;       // ... with the staging store's rules
 
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
     double layer_hit_rate(size_t l) const {
@@ -51,7 +52,11 @@ SimResult simulate(const RoutingTrace& trace, CacheConfig config,
 // take the next offered victim the layer does not read, or the pass's own earlier arrival from
 // another layer when that ranks lower (not in a prompt chunk), or are read in place (bypass).
 // Hits count the uses of experts in a slot when their layer began. One global pool.
+// `staging`: the rules of the staging store (docs/expert-cache.md), where no miss may be read in
+// place: every pass, prompt chunks included, is offered L · min(E, T·k) victims (the policy's
+// order, repeated when that is more than the slots), and no arrival is re-evicted by rank. Needs
+// n_slots >= n_experts (throws std::invalid_argument otherwise, like the engine).
 SimResult simulate_device_fetch(const RoutingTrace& trace, CacheConfig config,
-                                bool token_steps = false);
+                                bool token_steps = false, bool staging = false);
 
 }  // namespace minids::routing
