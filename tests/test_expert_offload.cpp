@@ -8,6 +8,7 @@
 // with slots in device memory and the experts read in place from the registered mapping.)
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "expert_offload_test_util.h"
+#include "model/weight_store.h"
 #include "model_test_util.h"
 #include "routing/simulator.h"
 
@@ -434,4 +436,24 @@ TEST_CASE("expert offload, staging store: configurations that would read in plac
     CHECK_THROWS_AS(ExpertOffload(*m.model, *m.backend, cfg), std::invalid_argument);
     cfg.admit = routing::Admission::all;
     CHECK_NOTHROW(ExpertOffload(*m.model, *m.backend, cfg, nullptr, true));
+}
+
+TEST_CASE("expert offload: MINIDS_EXPERT_STORE names a host store or is refused") {
+    const char* old = std::getenv("MINIDS_EXPERT_STORE");
+    const std::string saved = old ? old : "";
+    unsetenv("MINIDS_EXPERT_STORE");
+    CHECK(expert_store_request() == ExpertStoreRequest::copy);
+    setenv("MINIDS_EXPERT_STORE", "copy", 1);
+    CHECK(expert_store_request() == ExpertStoreRequest::copy);
+    setenv("MINIDS_EXPERT_STORE", "mapped", 1);
+    CHECK(expert_store_request() == ExpertStoreRequest::mapped);
+    setenv("MINIDS_EXPERT_STORE", "staging", 1);
+    CHECK(expert_store_request() == ExpertStoreRequest::staging);
+    setenv("MINIDS_EXPERT_STORE", "staged", 1);  // a typo is an error, not the default store
+    CHECK_THROWS_WITH_AS(expert_store_request(), doctest::Contains("MINIDS_EXPERT_STORE=staged"),
+                         std::invalid_argument);
+    if (old)
+        setenv("MINIDS_EXPERT_STORE", saved.c_str(), 1);
+    else
+        unsetenv("MINIDS_EXPERT_STORE");
 }

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "cli/model_check.h"
 #include "mgl-cuda.h"
 #include "model/config.h"
+#include "model/weight_store.h"
 #include "runtime/memory_plan.h"
 #include "tokenizer/tokenizer_data.h"
 #include "util/output_file.h"
@@ -366,8 +366,7 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
             in.n_experts = n_experts;
             // MINIDS_EXPERT_STORE=staging (model/weight_store.cpp): the cache then needs a slot
             // for every expert of a layer (runtime/expert_offload.h), so the plan keeps that many.
-            const char* store = std::getenv("MINIDS_EXPERT_STORE");
-            const bool staging = store && std::string(store) == "staging";
+            const bool staging = expert_store_request() == ExpertStoreRequest::staging;
             in.min_slots = staging ? std::max<int64_t>(min_slots, c.n_routed_experts) : min_slots;
             in.kv_bytes_per_token = kv_per_token;
             in.n_ctx = flags.n_ctx;

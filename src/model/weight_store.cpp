@@ -57,6 +57,16 @@ uint64_t total(const std::vector<std::span<const uint8_t>>& parts) {
 
 }  // namespace
 
+ExpertStoreRequest expert_store_request() {
+    const char* env = std::getenv("MINIDS_EXPERT_STORE");
+    const std::string v = env ? env : "";
+    if (v.empty() || v == "copy") return ExpertStoreRequest::copy;
+    if (v == "mapped") return ExpertStoreRequest::mapped;
+    if (v == "staging") return ExpertStoreRequest::staging;
+    throw std::invalid_argument("MINIDS_EXPERT_STORE=" + v +
+                                ": expected copy (the default), mapped or staging");
+}
+
 WeightStore::WeightStore(const mds::MdsFile& file, mgl::backend& backend,
                          const WeightOptions& options)
     : file_(file),
@@ -132,9 +142,9 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     // A backend that computes in host memory (the CPU) reads the mapping as is.
     // MINIDS_EXPERT_STORE=staging (or WeightOptions::stage_experts) registers nothing: the
     // staging store, also what is left when the system refuses both registrations.
-    const char* env = std::getenv("MINIDS_EXPERT_STORE");
-    const bool want_mapped = env && std::string(env) == "mapped";
-    const bool want_staged = stage_experts_ || (env && std::string(env) == "staging");
+    const ExpertStoreRequest request = expert_store_request();
+    const bool want_mapped = request == ExpertStoreRequest::mapped;
+    const bool want_staged = stage_experts_ || request == ExpertStoreRequest::staging;
     if (want_staged) return place_experts_staged(addresses, copied);
     // The copy is made only where the host has room for it beside everything else (the page
     // cache holding the file can be reclaimed, the copy cannot): else the mapping is used.

@@ -36,6 +36,14 @@ namespace minids {
 // /proc/meminfo); 0 when unknown.
 uint64_t available_host_memory();
 
+// The experts' host store that MINIDS_EXPERT_STORE asks an expert cache for
+// (docs/expert-cache.md): unset or "copy": a registered copy in anonymous memory (the default; the
+// registered mapping when there is no room for it), "mapped": the registered file mapping,
+// "staging": nothing registered, every miss copied through pinned staging buffers. Throws
+// std::invalid_argument naming the variable for any other value.
+enum class ExpertStoreRequest { copy, mapped, staging };
+ExpertStoreRequest expert_store_request();
+
 // Private anonymous memory (mmap), unmapped on destruction; data() is null when the system
 // refused.
 class AnonymousMemory {
