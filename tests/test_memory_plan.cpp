@@ -63,6 +63,15 @@ TEST_CASE("memory plan: a budget too small is refused with what would fit") {
     MemoryPlanInput few = v2_lite(12 * GiB);
     few.forced_slots = 5;  // top-6
     CHECK(plan_memory(few).refusal.find("fewer than the 6 experts") != std::string::npos);
+    MemoryPlanInput staging = v2_lite(12 * GiB);  // the staging store: a slot per expert of a layer
+    staging.min_slots = 64;
+    staging.min_slots_are = "slots the staging store needs (one per expert of a layer)";
+    staging.forced_slots = 63;
+    CHECK(plan_memory(staging).refusal ==
+          "--expert-cache-slots 63 is fewer than the 64 slots the staging store needs (one per "
+          "expert of a layer)");
+    staging.forced_slots = 64;
+    CHECK(plan_memory(staging).fits);
     MemoryPlanInput many = v2_lite(12 * GiB);
     many.forced_slots = 1500;  // more than fit
     CHECK_FALSE(plan_memory(many).fits);

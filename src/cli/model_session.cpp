@@ -368,6 +368,8 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
             // for every expert of a layer (runtime/expert_offload.h), so the plan keeps that many.
             const bool staging = expert_store_request() == ExpertStoreRequest::staging;
             in.min_slots = staging ? std::max<int64_t>(min_slots, c.n_routed_experts) : min_slots;
+            if (staging)
+                in.min_slots_are = "slots the staging store needs (one per expert of a layer)";
             in.kv_bytes_per_token = kv_per_token;
             in.n_ctx = flags.n_ctx;
             in.work_bytes = work_for(dense);

@@ -42,8 +42,7 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
     p.experts = uint64_t(std::max(want, need)) * in.slot_bytes;
     if (in.forced_slots >= 0 && in.forced_slots < need) {
         p.refusal = "--expert-cache-slots " + std::to_string(in.forced_slots) +
-                    " is fewer than the " + std::to_string(need) +
-                    " experts one step reads at once";
+                    " is fewer than the " + std::to_string(need) + " " + in.min_slots_are;
         return p;
     }
     const uint64_t smallest = fixed + p.experts;

@@ -16,6 +16,8 @@ struct MemoryPlanInput {
     uint64_t slot_bytes = 0;   // one routed expert in a slot (aligned)
     int64_t n_experts = 0;     // routed experts of all MoE layers
     int64_t min_slots = 1;     // the fewest slots a step needs (top-k, or L x k per layer)
+    // What min_slots counts, for the refusal of a smaller --expert-cache-slots.
+    std::string min_slots_are = "experts one step reads at once";
     uint64_t kv_bytes_per_token = 0;
     int64_t n_ctx = 0;
     uint64_t work_bytes = 0;    // workspaces, arenas, graphs, cuBLAS
