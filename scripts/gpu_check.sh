@@ -2,7 +2,7 @@
 # Everything minids checks on a GPU machine, in one call, ending with one summary line per check:
 # the GPU test cases, the whole suite, GPU vs CPU on the demo model, the synthetic V2-Lite
 # benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token;
-# FP8 also with the expert cache at a 12 GiB budget and at 208 slots, host and device fetch),
+# FP8 also with the expert cache at a 12 GiB budget and at 208 slots, and with the staging store),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
@@ -243,6 +243,11 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --sweep-slots 208 ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
+        # The staging store (the fallback when nothing can be registered): every miss copied by
+        # the host into pinned buffers, then by the device into its slot.
+        MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
+            --vram-budget 12GiB > "$OUT/bench_offload_12g_staging.md" 2> "$OUT/bench_offload_12g_staging.log"
+        say "offload 12GiB, staging store: rc=$?"
         if [[ $FETCH_COMPARE == 1 ]]; then
             timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
                 --expert-cache-copy-stream --expert-cache-admit frequency \
@@ -262,10 +267,12 @@ bench_model() {  # $1 = expert dtype
                 every_hit "$f" "$ab" "_ab$i"
             done
         fi
-        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
+            "$OUT/bench_offload_12g_staging.md"; do
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
-        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md"; do
+        for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
+            "$OUT/bench_offload_12g_staging.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi
