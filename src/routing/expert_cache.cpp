@@ -1,5 +1,9 @@
 #include "routing/expert_cache.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 namespace minids::routing {
 
 const char* policy_name(Policy p) {
@@ -118,6 +122,17 @@ private:
 };
 
 }  // namespace
+
+std::vector<int32_t> ExpertCache::victims_repeated(int64_t n) const {
+    const auto first = int32_t(std::min<int64_t>(config_.n_slots, n));
+    const std::vector<int32_t> order = victims(first);
+    if (int32_t(order.size()) != first)
+        throw std::logic_error("expert cache: the policy offered " + std::to_string(order.size()) +
+                               " of " + std::to_string(first) + " victims");
+    std::vector<int32_t> out(static_cast<size_t>(n));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = order[i % order.size()];
+    return out;
+}
 
 std::unique_ptr<ExpertCache> make_expert_cache(const CacheConfig& c) {
     check_config(c);

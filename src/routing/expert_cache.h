@@ -327,6 +327,10 @@ public:
     // next n slots to fill, in order; the record of a fill the engine made; a use it read in
     // place without a slot.
     virtual std::vector<int32_t> victims(int32_t n) const = 0;
+    // The staging store's victims, where every miss of a step must get one (a slot filled for
+    // an earlier layer of the step may be taken again): victims() of all slots, or of n when
+    // fewer, repeated in that order to n entries.
+    std::vector<int32_t> victims_repeated(int64_t n) const;
     virtual AccessResult place(int32_t layer, int32_t expert, int32_t slot,
                                const AccessHint& hint = {}) = 0;
     virtual void bypass(int32_t layer, int32_t expert, const AccessHint& hint = {}) = 0;

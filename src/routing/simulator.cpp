@@ -157,19 +157,15 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
             ++t1;
         const int64_t T = t1 - t0;
         const int64_t most = int64_t(L) * std::min<int64_t>(E, T * k);
-        std::vector<int32_t> victims = cache->victims(int32_t(std::min<int64_t>(c.n_slots, most)));
         // A prompt chunk (every layer uses nearly all its experts) takes free slots only and
         // never evicts what it brought in; a decode pass may re-evict its own earlier arrivals.
         // The staging store offers victims for every miss instead (ExpertOffload::before_step).
         const bool prompt = T * k >= E;
-        if (staging) {
-            const std::vector<int32_t> order = victims;
-            victims.resize(size_t(most));
-            for (size_t i = order.size(); i < victims.size(); ++i)
-                victims[i] = order[i % order.size()];
-        } else if (prompt) {
+        std::vector<int32_t> victims =
+            staging ? cache->victims_repeated(most)
+                    : cache->victims(int32_t(std::min<int64_t>(c.n_slots, most)));
+        if (!staging && prompt)
             std::erase_if(victims, [&](int32_t v) { return slot_key[size_t(v)] >= 0; });
-        }
         const bool recycle = !staging && !prompt;
         // The ranks as the engine uploads them before the pass.
         std::vector<Rank> victim_rank(victims.size());

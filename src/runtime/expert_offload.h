@@ -141,11 +141,9 @@ private:
     void setup_device_fetch();
     // The staging store: allocates the stage (once) and writes its header.
     void setup_stage();
-    // The victims the state has room for: every slot once, or with the staging store the most a
-    // step may take (n_layers · n_experts: the policy's order repeated, see before_step).
-    int64_t victim_capacity() const;
-    // The staging store: `n` victims, the policy's order repeated.
-    std::vector<int32_t> victims_for_every_miss(int64_t n) const;
+    // Where the device fetch's arrays sit in its state (expert_offload_device.cpp).
+    struct StateLayout;
+    StateLayout layout() const;
     // Device fetch: queues the download of the step's counters, id log and fill log into
     // pinned memory (Session calls it after queuing the step, so it shares the step's one
     // wait). Returns where the step's ids will be once it is done (every MoE layer's

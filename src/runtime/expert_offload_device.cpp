@@ -17,13 +17,15 @@ namespace {
 constexpr size_t kHeaderWords = sizeof(mgl::expert_fetch_header) / sizeof(int64_t);
 static_assert(sizeof(mgl::expert_fetch_header) % sizeof(int64_t) == 0);
 
+}  // namespace
+
 // Where the device fetch's arrays sit in its state buffer, in i64 words: the header, the id log
 // and the fill log first (after a step the host downloads the three in one copy), then what the
 // host uploads before each step, back to back (victims, their ranks, the keys' arrival ranks:
 // one copy), then the rest. A step fills each key at most once, so the fill log and the
 // arrivals hold n_layers · n_experts entries; the id log holds a decoded token's ids
-// (n_layers · k); the victims (and their ranks) `n_victims` (ExpertOffload::victim_capacity).
-struct StateLayout {
+// (n_layers · k); the victims (and their ranks) `n_victims` (ExpertOffload::layout).
+struct ExpertOffload::StateLayout {
     size_t id_log, fill_log, arrivals, victims, victim_ranks, key_ranks, tables, homes, slot_keys,
         words;
     StateLayout(int64_t n_layers, int64_t n_experts, int64_t n_slots, int64_t n_victims,
@@ -42,6 +44,9 @@ struct StateLayout {
         words = slot_keys + (slots + 1) / 2;
     }
 };
+
+namespace {
+
 constexpr size_t kCounterWords = mgl::expert_fetch_counter_words;
 static_assert(sizeof(mgl::expert_fetch_rank) == 2 * sizeof(int64_t));
 
@@ -51,8 +56,12 @@ constexpr int64_t kMostRecycledArrivals = 512;
 
 }  // namespace
 
-int64_t ExpertOffload::victim_capacity() const {
-    return staging_ ? int64_t(config_.n_layers) * config_.n_experts : config_.n_slots;
+// The victims the state has room for: every slot once, or with the staging store the most a step
+// may take (n_layers · n_experts: the policy's order repeated, see before_step).
+ExpertOffload::StateLayout ExpertOffload::layout() const {
+    const int64_t victims =
+        staging_ ? int64_t(config_.n_layers) * config_.n_experts : config_.n_slots;
+    return StateLayout(config_.n_layers, config_.n_experts, config_.n_slots, victims, top_k_);
 }
 
 void ExpertOffload::setup_stage() {
@@ -80,22 +89,9 @@ void ExpertOffload::setup_stage() {
     std::memcpy(stage_buf_->base(), &h, sizeof h);
 }
 
-std::vector<int32_t> ExpertOffload::victims_for_every_miss(int64_t n) const {
-    // The policy's whole order when a step may take more victims than there are slots (a slot
-    // filled for an earlier layer of the step may be taken again: that layer has finished).
-    const auto first = int32_t(std::min<int64_t>(config_.n_slots, n));
-    std::vector<int32_t> order = cache_->victims(first);
-    if (int64_t(order.size()) != first)
-        throw std::logic_error("expert cache: the policy offered " + std::to_string(order.size()) +
-                               " of " + std::to_string(first) + " victims");
-    std::vector<int32_t> out(static_cast<size_t>(n));
-    for (size_t i = 0; i < out.size(); ++i) out[i] = order[i % order.size()];
-    return out;
-}
-
 void ExpertOffload::setup_device_fetch() {
     const int64_t L = config_.n_layers, E = config_.n_experts, S = config_.n_slots;
-    const StateLayout at(L, E, S, victim_capacity(), top_k_);
+    const StateLayout at = layout();
     if (!state_) {  // once: recorded graphs keep the state's address
         state_buf_ = backend_.alloc_buffer(at.words * sizeof(int64_t));
         state_ = state_ctx_.new_tensor(mgl::dtype::i64, {int64_t(at.words)}, "expert_fetch_state");
@@ -149,7 +145,7 @@ void ExpertOffload::before_step(int64_t n_tokens) {
         // consecutive entries hold every slot once, at most H of them passed over, so at least
         // n_slots - H >= U - H can be taken before a layer would run short. Prompts too: here
         // an eviction a later layer regrets is still cheaper than no fill at all.
-        victims_ = victims_for_every_miss(most);
+        victims_ = cache_->victims_repeated(most);
         most_fills_ = most;
     } else {
         victims_ = cache_->victims(int32_t(std::min<int64_t>(config_.n_slots, most)));
@@ -166,7 +162,7 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     // plan reads a layer's candidates before it decides, so a slot it re-took as an arrival
     // could come up again as a candidate the plan thinks holds another layer's expert.
     const bool recycle = !staging_ && !prompt && most <= kMostRecycledArrivals;
-    const StateLayout at(L, E, config_.n_slots, victim_capacity(), top_k_);
+    const StateLayout at = layout();
     auto* base = static_cast<int64_t*>(state_buf_->base());
     // Everything goes up from pinned memory (a pageable source makes the driver stage each copy
     // while the GPU idles between steps) in two copies: the counters, and the victims with the
@@ -207,8 +203,7 @@ void ExpertOffload::before_step(int64_t n_tokens) {
 
 const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
     // The header's counters, the id log and the fill log, in one download.
-    const StateLayout at(config_.n_layers, config_.n_experts, config_.n_slots, victim_capacity(),
-                         top_k_);
+    const StateLayout at = layout();
     const size_t bytes = (at.fill_log + size_t(most_fills_)) * sizeof(int64_t);
     auto* staged = static_cast<int64_t*>(backend_.host_staging(log_host_, bytes));
     backend_.download_async(*state_, staged, 0, bytes);
@@ -226,7 +221,7 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
         backend_.synchronize();
     }
     log_queued_ = false;
-    const StateLayout at(L, E, config_.n_slots, victim_capacity(), top_k_);
+    const StateLayout at = layout();
     const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
