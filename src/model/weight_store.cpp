@@ -151,10 +151,11 @@ void WeightStore::place_experts_in_host_memory(std::vector<int64_t>& addresses,
     const uint64_t available = available_host_memory();
     const bool room = available == 0 || span + (uint64_t(2) << 30) <= available;
     if (!want_mapped && room && backend_.compute_memory() != mgl::memory_kind::host) {
-        // MINIDS_EXPERT_COPY_HUGEPAGES=0 leaves the copy to the system's default pages: the
-        // first 12 GiB load after a conversion filled it 2-10x slower than later loads on the
-        // H200 machine, with huge pages every time (docs/perf.md, sixth session); this switch
-        // is the A/B for the suspect, direct compaction. Not yet measured.
+        // MINIDS_EXPERT_COPY_HUGEPAGES=0 leaves the copy to the system's default pages, the A/B
+        // for a slow first load after a conversion. Measured on the H200 machine (docs/perf.md,
+        // seventh session): without the advice the 12 GiB load took 3.14 / 3.23 s to the first
+        // token, with it 2.05 / 1.93 s; the slow first loads came from a file not yet in the
+        // page cache (the converter writes with O_DIRECT), not from the huge pages.
         const char* huge = std::getenv("MINIDS_EXPERT_COPY_HUGEPAGES");
         expert_copy_ =
             std::make_unique<AnonymousMemory>(size_t(span), !(huge && std::string(huge) == "0"));

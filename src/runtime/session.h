@@ -151,7 +151,7 @@ private:
     mgl::tensor* expert_stage_ = nullptr;
     std::function<void(int64_t)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
-    size_t routing_queued_ = 0;  // ids queue_routing staged in routing_host_ (weights after them)
+    size_t routing_queued_ = 0;  // ids queue_routing queued (weights after them in routing_host_)
     const int32_t* routing_ids_at_ = nullptr;  // where they land: routing_host_ or the fetch's log
     bool routing_weights_queued_ = false;
 };
