@@ -111,10 +111,18 @@ uint64_t new_graph_version() {
     return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-graph build_graph(context&, std::span<tensor* const> outputs) {
+graph build_graph(context& c, std::span<tensor* const> outputs) {
+    return build_graph(c, outputs, {});
+}
+
+graph build_graph(context&, std::span<tensor* const> outputs, std::span<tensor* const> first) {
     graph g;
     g.version = new_graph_version();
     std::unordered_set<tensor*> seen;
+    for (tensor* t : first) {
+        MGL_CHECK(t != nullptr, "build_graph: null node to place first");
+        visit(t, seen, g);
+    }
     for (tensor* out : outputs) {
         MGL_CHECK(out != nullptr, "build_graph: null output");
         g.outputs.push_back(out);

@@ -289,6 +289,22 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
     return t;
 }
 
+tensor* expert_prefetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
+                        std::shared_ptr<const expert_layout> layout, tensor* protect,
+                        int protect_layer, tensor* after) {
+    MGL_CHECK(
+        protect && protect->type == dtype::i32 && protect->n_dims == 2 && protect->is_contiguous(),
+        "expert_prefetch: protect must be contiguous i32 [T, k]");
+    MGL_CHECK(protect_layer >= 0 && protect_layer != layer,
+              "expert_prefetch: the protected layer must be another layer");
+    tensor* t = expert_fetch(c, table, ids, state, layer, std::move(layout));
+    t->src[4] = protect;
+    t->src[5] = after;
+    t->iparams[1] = 1;
+    t->iparams[2] = protect_layer;
+    return t;
+}
+
 tensor* kv_store(context& c, tensor* pages, tensor* page_table, tensor* kv_c, tensor* k_pe,
                  tensor* positions) {
     check_pages(pages, page_table, "kv_store");

@@ -34,26 +34,27 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
 
 // Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
 // is host memory across PCIe, whose latency only parallelism hides.
+template <int Threads, int Unroll>
 __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
     const bool vec =
         ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
     const int64_t n16 = vec ? n / 16 : 0;
     const auto* s4 = reinterpret_cast<const uint4*>(src);
     auto* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < n16; i += int64_t(copy_threads) * copy_unroll) {
-        uint4 r[copy_unroll];
+    for (int64_t i = threadIdx.x; i < n16; i += int64_t(Threads) * Unroll) {
+        uint4 r[Unroll];
 #pragma unroll
-        for (int u = 0; u < copy_unroll; ++u) {
-            const int64_t j = i + int64_t(u) * copy_threads;
+        for (int u = 0; u < Unroll; ++u) {
+            const int64_t j = i + int64_t(u) * Threads;
             if (j < n16) r[u] = s4[j];
         }
 #pragma unroll
-        for (int u = 0; u < copy_unroll; ++u) {
-            const int64_t j = i + int64_t(u) * copy_threads;
+        for (int u = 0; u < Unroll; ++u) {
+            const int64_t j = i + int64_t(u) * Threads;
             if (j < n16) d4[j] = r[u];
         }
     }
-    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += copy_threads) dst[i] = src[i];
+    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += Threads) dst[i] = src[i];
 }
 
 // Block (b, j): chunks b, b + gridDim.x, ... of the layer's j-th fill, if the plan made one.
@@ -62,8 +63,11 @@ __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
 // (moe_decode.cu: the shared expert's, which no fetch writes) while the plan still runs; they
 // still read nothing the fetch writes before this grid has completed. Safe: the trigger fires
 // only once every copy block has started, so waiting expert blocks cannot keep one out.
-template <bool EarlyDependents>
-__global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
+// (Measured for a prefetch, which runs beside the compute kernels: blocks of 64 threads with 16
+// loads in flight each, 4 to 16 per fill, left those kernels' blocks more room but slowed the
+// copy more than they gained; docs/perf.md, eighth session.)
+template <bool EarlyDependents, int Threads, int Unroll>
+__global__ void __launch_bounds__(Threads) fetch_copy_kernel(ExpertFetchParams p) {
     // Launched dependent on the plan (ExpertFetchParams::pdl): nothing is read before it is
     // done. A no-op in an ordinary launch.
     if constexpr (EarlyDependents) pdl_launch_dependents();
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     const int64_t f = h->layer_fills + blockIdx.y;
     if (f >= h->n_fills) return;
     const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
-    const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+    const int32_t key = fill_log[2 * f] & ~mgl::expert_fetch_prefetched, slot = fill_log[2 * f + 1];
     // From the home (registered host memory), or with a stage from its buffer blockIdx.y, where
     // the host copied this fill's home (pinned host memory; the plan posted the fill there).
     const auto* src =
@@ -84,9 +88,10 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
     for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
          begin += int64_t(gridDim.x) * copy_chunk)
-        copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
+        copy_bytes<Threads, Unroll>(src + begin, dst + begin,
+                                    min(copy_chunk, h->blob_bytes - begin));
     __syncthreads();
-    if (threadIdx.x == 0) {  // the layer's fetch ends with its last copy block
+    if (threadIdx.x == 0 && !p.prefetch) {  // the layer's fetch ends with its last copy block
         auto* t1 = reinterpret_cast<unsigned long long*>(
             &const_cast<mgl::expert_fetch_header*>(h)->fetch_t1);
         atomicMax(t1, static_cast<unsigned long long>(global_ns()));
@@ -105,8 +110,8 @@ void launch_copy(const ExpertFetchParams& p, cudaStream_t stream) {
     const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
     const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
                     unsigned(most_fills));
-    launch_maybe_dependent(fetch_copy_kernel<EarlyDependents>, grid, dim3(copy_threads), 0, stream,
-                           p.pdl, p);
+    launch_maybe_dependent(fetch_copy_kernel<EarlyDependents, copy_threads, copy_unroll>, grid,
+                           dim3(copy_threads), 0, stream, p.pdl, p);
 }
 
 }  // namespace

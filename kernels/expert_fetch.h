@@ -34,6 +34,14 @@ struct ExpertFetchParams {
     // ggml-like/cuda/launches.cpp), and the copy reads buffer i instead of the home. Null: the
     // copy reads the homes (registered host memory) itself.
     mgl::expert_stage_header* stage = nullptr;
+    // A prefetch (mgl::expert_prefetch): `ids` are predictions; the victims it passes over also
+    // hold the experts `protect` [n_protect] of MoE layer protect_layer (whose kernels may run
+    // beside it); no arrival is taken again; the id log and the fetch's timer are left alone
+    // (the copy included); fill-log keys carry mgl::expert_fetch_prefetched.
+    bool prefetch = false;
+    const int32_t* protect = nullptr;
+    int64_t n_protect = 0;
+    int32_t protect_layer = -1;
     // Programmatic dependent launch (Hopper): the plan is scheduled while the routing kernel
     // runs, the copy while the plan runs, each waiting in griddepcontrol.wait for its
     // predecessor, so their launch gaps leave the step's path.

@@ -24,8 +24,9 @@ constexpr int fused_plan_max_experts = 256;
 template <int MaxE>
 struct PlanShared {
     uint32_t used[MaxE / 32];
-    uint8_t at_home[MaxE];  // per expert: used and its entry points home
-    int32_t misses[MaxE];   // experts to fetch, increasing
+    uint32_t protect[MaxE / 32];  // a prefetch: the experts of protect_layer to pass over
+    uint8_t at_home[MaxE];        // per expert: used and its entry points home
+    int32_t misses[MaxE];         // experts to fetch, increasing
     int32_t cand_slot[2 * MaxE];
     int32_t cand_key[2 * MaxE];  // each candidate slot's expert, or -1
     int32_t fill_slot[MaxE];     // per miss: its slot, or -1
@@ -49,6 +50,11 @@ __device__ __forceinline__ bool ranks_lower(double pa, unsigned long long sa, do
 template <int MaxE>
 __device__ __forceinline__ bool is_used(const PlanShared<MaxE>& s, int32_t e) {
     return (s.used[e >> 5] >> (e & 31)) & 1u;
+}
+
+template <int MaxE>
+__device__ __forceinline__ bool is_protected(const PlanShared<MaxE>& s, int32_t e) {
+    return (s.protect[e >> 5] >> (e & 31)) & 1u;
 }
 
 // The device's global timer, ns (the stall counter: expert_fetch_header::fetch_ns).
@@ -81,20 +87,24 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         first_fill = h->n_fills;
         first_arrival = h->n_arrivals;
         n_victims = h->n_victims;
-        recycle = h->recycle;
+        recycle = p.prefetch ? 0 : h->recycle;
         last_t0 = h->fetch_t0;
         last_t1 = h->fetch_t1;
     }
-    for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = 0;
+    for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = s.protect[i] = 0;
     __syncthreads();
     // The ids also go to the id log when they fit (the host's copy of the step's routing).
     auto* id_log = reinterpret_cast<int32_t*>(h->id_log);
     const int64_t id_log_stride = h->id_log_stride;
-    if (p.n_ids > id_log_stride) id_log = nullptr;
+    if (p.n_ids > id_log_stride || p.prefetch) id_log = nullptr;
     for (int64_t i = tid; i < p.n_ids; i += n_threads) {
         const int32_t e = p.ids[i];
         if (e >= 0 && e < E) atomicOr(&s.used[e >> 5], 1u << (e & 31));
         if (id_log) id_log[layer * id_log_stride + i] = e;
+    }
+    for (int64_t i = tid; p.prefetch && i < p.n_protect; i += n_threads) {
+        const int32_t e = p.protect[i];
+        if (e >= 0 && e < E) atomicOr(&s.protect[e >> 5], 1u << (e & 31));
     }
     __syncthreads();
     // Which used experts are home (to fetch): their table entry against their home address.
@@ -123,11 +133,15 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             s.first_arrival = first_arrival;
             s.recycle = recycle != 0 && m > 0;
             s.n_arr = int32_t(first_arrival < max_arrivals ? first_arrival : max_arrivals);
-            // Each skipped victim holds a distinct used expert, so m + n_used candidates
-            // suffice. With every used expert in a slot (the usual decode step) no candidate
-            // is read.
-            const int64_t left = n_victims - next_victim, enough = m == 0 ? 0 : m + n_used;
-            s.n_cands = int32_t(left <= 0 ? 0 : left < enough ? left : enough);
+            // Each skipped victim holds a distinct used (or protected) expert, so m + n_used
+            // (+ n_protect) candidates suffice. With every used expert in a slot (the usual
+            // decode step) no candidate is read.
+            const int64_t left = n_victims - next_victim,
+                          enough = m == 0 ? 0 : m + n_used + (p.prefetch ? p.n_protect : 0);
+            // (At most the arrays' 2 · MaxE: a prefetch's protected experts may add more; the
+            // misses left without a candidate are then read in place, which is still correct.)
+            const int64_t room = enough < 2 * MaxE ? enough : 2 * MaxE;
+            s.n_cands = int32_t(left <= 0 ? 0 : left < room ? left : room);
         }
     }
     __syncthreads();
@@ -159,7 +173,10 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         for (; f < s.n_misses; ++f) {
             while (c < s.n_cands) {
                 const int32_t k = s.cand_key[c];
-                if (!(k >= 0 && k / E == layer && is_used(s, k % E))) break;
+                const bool passed_over =
+                    k >= 0 && ((k / E == layer && is_used(s, k % E)) ||
+                               (k / E == p.protect_layer && p.prefetch && is_protected(s, k % E)));
+                if (!passed_over) break;
                 ++c;
             }
             int best = -1;
@@ -195,10 +212,13 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         h->n_fills = s.first_fill + f;
         h->n_arrivals = s.first_arrival + f;
         // The previous layer's fetch is over (its copies finished before this layer's routing
-        // ran): add its interval and open this layer's, which its copy blocks extend.
-        if (last_t1 > last_t0) h->fetch_ns += last_t1 - last_t0;
-        h->fetch_t0 = started;
-        h->fetch_t1 = global_ns();
+        // ran): add its interval and open this layer's, which its copy blocks extend. Not a
+        // prefetch's: nothing waits on it unless its layer's fetch does.
+        if (!p.prefetch) {
+            if (last_t1 > last_t0) h->fetch_ns += last_t1 - last_t0;
+            h->fetch_t0 = started;
+            h->fetch_t1 = global_ns();
+        }
     }
     __syncthreads();
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
@@ -210,7 +230,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             reinterpret_cast<int64_t*>(tables[evicted / E])[evicted % E] = homes[evicted];
         slot_keys[slot] = key;
         p.table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
-        fill_log[2 * (s.first_fill + f)] = key;
+        fill_log[2 * (s.first_fill + f)] = key | (p.prefetch ? mgl::expert_fetch_prefetched : 0);
         fill_log[2 * (s.first_fill + f) + 1] = slot;
         auto* arrivals_out = reinterpret_cast<int32_t*>(h->arrivals);
         if (s.fill_took[f] >= 0) arrivals_out[s.fill_took[f]] = -1;

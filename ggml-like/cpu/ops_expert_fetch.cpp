@@ -44,7 +44,21 @@ void run_expert_fetch(exec_context&, tensor& node) {
                                                  " outside [0, " + std::to_string(E) + ")");
         used[size_t(ids[i])] = 1;
     }
-    if (h->id_log && n_ids <= h->id_log_stride)  // the host's copy of the step's routing
+    // A prefetch also passes over the experts of the layer whose kernels may run beside it.
+    const bool prefetch = is_expert_prefetch(node);
+    const int64_t protect_layer = prefetch ? node.iparams[2] : -1;
+    std::vector<char> protect(size_t(E), 0);
+    if (prefetch) {
+        MGL_CHECK(!node.src[3], "expert_fetch: a prefetch has no stage");
+        const auto* p = static_cast<const int32_t*>(node.src[4]->data);
+        for (int64_t i = 0; i < node.src[4]->nelements(); ++i)
+            if (p[i] >= 0 && p[i] < E) protect[size_t(p[i])] = 1;
+    }
+    auto passed_over = [&](int32_t occupant) {
+        return occupant >= 0 && ((occupant / E == layer && used[size_t(occupant % E)]) ||
+                                 (occupant / E == protect_layer && protect[size_t(occupant % E)]));
+    };
+    if (!prefetch && h->id_log && n_ids <= h->id_log_stride)  // the host's copy of the routing
         std::memcpy(reinterpret_cast<int32_t*>(h->id_log) + layer * h->id_log_stride, ids,
                     size_t(n_ids) * sizeof(int32_t));
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
@@ -60,14 +74,11 @@ void run_expert_fetch(exec_context&, tensor& node) {
         const int64_t key = layer * E + e;
         if (!used[size_t(e)] || table[e] != homes[key]) continue;  // unused, or in a slot
         // The next offered victim this layer does not read (its kernels run after this fetch).
-        while (h->next_victim < h->n_victims) {
-            const int32_t occupant = slot_keys[victims[h->next_victim]];
-            if (occupant < 0 || occupant / E != layer || !used[size_t(occupant % E)]) break;
+        while (h->next_victim < h->n_victims && passed_over(slot_keys[victims[h->next_victim]]))
             ++h->next_victim;
-        }
-        // This step's lowest-ranked arrival from another layer.
+        // This step's lowest-ranked arrival from another layer (not for a prefetch).
         int64_t best = -1;
-        for (int64_t i = 0; h->recycle && i < h->n_arrivals; ++i) {
+        for (int64_t i = 0; !prefetch && h->recycle && i < h->n_arrivals; ++i) {
             if (arrivals[i] < 0 || slot_keys[arrivals[i]] / E == layer) continue;
             if (best < 0 || ranks_lower(key_ranks[slot_keys[arrivals[i]]],
                                         key_ranks[slot_keys[arrivals[best]]]))
@@ -88,7 +99,7 @@ void run_expert_fetch(exec_context&, tensor& node) {
             reinterpret_cast<int64_t*>(tables[occupant / E])[occupant % E] = homes[occupant];
         slot_keys[slot] = int32_t(key);
         table[e] = h->slot_base + int64_t(slot) * h->slot_stride;
-        fill_log[2 * h->n_fills] = int32_t(key);
+        fill_log[2 * h->n_fills] = int32_t(key) | (prefetch ? expert_fetch_prefetched : 0);
         fill_log[2 * h->n_fills + 1] = slot;
         ++h->n_fills;
         arrivals[h->n_arrivals++] = slot;
@@ -98,7 +109,7 @@ void run_expert_fetch(exec_context&, tensor& node) {
     auto* stage = node.src[3] ? static_cast<expert_stage_header*>(node.src[3]->data) : nullptr;
     if (stage) post_fills(*h, *stage);
     for (int64_t f = h->layer_fills; f < h->n_fills; ++f) {
-        const int32_t key = fill_log[2 * f], slot = fill_log[2 * f + 1];
+        const int32_t key = fill_log[2 * f] & ~expert_fetch_prefetched, slot = fill_log[2 * f + 1];
         auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
         const void* src = stage ? expert_stage_buffer(stage, f - h->layer_fills)
                                 : reinterpret_cast<const void*>(homes[key]);

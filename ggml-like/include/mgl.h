@@ -197,6 +197,9 @@ struct expert_fetch_rank {
     double priority = 0;
     uint64_t stamp = 0;
 };
+// Set in a fill-log key by a prefetch (expert_prefetch): the host tells its fills from the
+// layer's own. Keys stay below it (n_layers · n_experts < 2^30).
+inline constexpr int32_t expert_fetch_prefetched = int32_t(1) << 30;
 inline bool ranks_lower(const expert_fetch_rank& a, const expert_fetch_rank& b) {
     return a.priority < b.priority || (a.priority == b.priority && a.stamp < b.stamp);
 }
@@ -290,7 +293,8 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // down}, experts (the layout). kv_store: src = {pages, page_table, kv_c, k_pe, positions}.
 // mla_attn: src = {q_lat, q_pe, pages, page_table, positions}, fparams[0] = scale.
 // cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state,
-// stage (or null)}, iparams[0] = layer, experts (the layout).
+// stage (or null), protect (or null), after (or null)}, iparams = {layer, prefetch (0/1),
+// protect_layer}, experts (the layout).
 //
 // Values that change from one decode step to the next (token ids, positions, the page table, the
 // expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
@@ -343,6 +347,20 @@ tensor* moe_experts(context& c, tensor* x, tensor* ids, tensor* w, tensor* table
 // fill order) -> its slot (by the device). At most `capacity` fills per layer.
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                      std::shared_ptr<const expert_layout> layout, tensor* stage = nullptr);
+// A prefetch (docs/expert-cache.md, "Prefetch"): expert_fetch for MoE layer `layer` on
+// predicted `ids` ([T, k] i32), run before that layer's own fetch, with these differences:
+// the victims it passes over also hold the experts `protect` ([T, k] i32) of MoE layer
+// `protect_layer` (the layer whose expert kernels may run beside it: the CUDA backend runs a
+// prefetch on a side stream), no earlier arrival is taken again, the id log is not written, no
+// stage (the staging store has none), and each fill's key in the fill log carries
+// expert_fetch_prefetched. `after` only orders it (the previous layer's fetch). Returns an alias
+// of `table` that the layer's own expert_fetch must take.
+tensor* expert_prefetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
+                        std::shared_ptr<const expert_layout> layout, tensor* protect,
+                        int protect_layer, tensor* after);
+inline bool is_expert_prefetch(const tensor& t) {
+    return t.op_kind == op::expert_fetch && t.iparams[1] != 0;
+}
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
 // bf16 / f16: stored rounded to nearest even, read back to f32), and
@@ -387,6 +405,9 @@ struct graph {
 // Depth-first from outputs; each node once; sources in order.
 graph build_graph(context& c, std::initializer_list<tensor*> outputs);
 graph build_graph(context& c, std::span<tensor* const> outputs);
+// The same, with the nodes `first` (and what they need) placed before the rest, in that order:
+// a schedule the topological order alone would not give (they are not outputs).
+graph build_graph(context& c, std::span<tensor* const> outputs, std::span<tensor* const> first);
 uint64_t new_graph_version();
 
 // Plan memory for the graph's intermediates: each non-view node without data gets an offset in
