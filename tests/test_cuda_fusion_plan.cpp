@@ -472,7 +472,7 @@ struct FetchGraph {
     mgl::context ctx;
     mgl::graph g;
     std::vector<const mgl::tensor*> fetches;
-    FetchGraph(const TestModel& m, int64_t T, bool imposed) {
+    FetchGraph(const TestModel& m, int64_t T, bool imposed, int prefetch = 0) {
         const minids::ModelConfig& c = m.model->config();
         minids::ForwardBatch batch;
         batch.tokens = ctx.new_tensor(dtype::i32, {T}, "tokens");
@@ -482,6 +482,7 @@ struct FetchGraph {
                 ctx.new_tensor(dtype::bf16, {8, 16, c.kv_cache_width()}, "pages"));
         batch.page_table = ctx.new_tensor(dtype::i32, {8}, "page_table");
         batch.expert_fetch = ctx.new_tensor(dtype::i64, {1024}, "expert_fetch_state");
+        batch.expert_prefetch = prefetch;
         if (imposed) {
             const int64_t k = c.num_experts_per_tok;
             for (size_t l = 0; l < m.model->moe_layers().size(); ++l) {
@@ -494,11 +495,65 @@ struct FetchGraph {
         std::vector<mgl::tensor*> outputs{out.logits};
         outputs.insert(outputs.end(), out.router_ids.begin(), out.router_ids.end());
         outputs.insert(outputs.end(), out.router_weights.begin(), out.router_weights.end());
-        g = mgl::build_graph(ctx, std::span<mgl::tensor* const>(outputs));
-        for (const mgl::tensor* n : g.nodes)
-            if (n->op_kind == mgl::op::expert_fetch) fetches.push_back(n);
+        g = mgl::build_graph(ctx, std::span<mgl::tensor* const>(outputs),
+                             std::span<mgl::tensor* const>(out.schedule));
+        for (const mgl::tensor* n : g.nodes) {
+            if (mgl::is_expert_prefetch(*n))
+                prefetches.push_back(n);
+            else if (n->op_kind == mgl::op::expert_fetch)
+                fetches.push_back(n);
+        }
     }
+    std::vector<const mgl::tensor*> prefetches;
 };
+
+// The nodes fused_steps' steps run at, in the same order.
+std::vector<const mgl::tensor*> step_nodes(const mgl::graph& g, const mgl::cuda::fusion_plan& f) {
+    std::vector<const mgl::tensor*> out;
+    for (const mgl::tensor* n : g.nodes)
+        if (!f.skipped.count(n) && n->op_kind != mgl::op::view) out.push_back(n);
+    return out;
+}
+
+// Steps the CUDA backend may run at the same time (launches.h: a side step runs beside every
+// main step after it until the main stream joins the side stream) that touch the same arena
+// memory, one writing it. Returns the number of such pairs.
+int concurrent_conflicts(const mgl::graph& g, const mgl::cuda::fusion_plan& f,
+                         const mgl::alloc_plan& plan) {
+    const std::vector<step> steps = fused_steps(g, f);
+    const std::vector<const mgl::tensor*> at = step_nodes(g, f);
+    REQUIRE(steps.size() == at.size());
+    std::map<const mgl::tensor*, std::pair<size_t, size_t>> range;  // root -> bytes [a, b)
+    for (auto [t, offset] : plan.offsets) range[t] = {offset, offset + mgl::nbytes(*t)};
+    auto overlap = [&](const std::vector<const mgl::tensor*>& a,
+                       const std::vector<const mgl::tensor*>& b) {
+        for (const mgl::tensor* x : a)
+            for (const mgl::tensor* y : b) {
+                auto rx = range.find(root(x)), ry = range.find(root(y));
+                if (rx == range.end() || ry == range.end()) continue;  // leaves
+                if (rx->second.first < ry->second.second && ry->second.first < rx->second.second)
+                    return true;
+            }
+        return false;
+    };
+    int conflicts = 0;
+    std::vector<size_t> in_flight;  // side steps since the last join
+    for (size_t i = 0; i < steps.size(); ++i) {
+        if (f.side.count(at[i])) {
+            in_flight.push_back(i);
+            continue;
+        }
+        if (f.join_before.count(at[i])) in_flight.clear();
+        for (size_t sdx : in_flight) {
+            const step& side = steps[sdx];
+            const step& main = steps[i];
+            if (overlap(side.writes, main.reads) || overlap(side.writes, main.writes) ||
+                overlap(side.reads, main.writes))
+                ++conflicts;
+        }
+    }
+    return conflicts;
+}
 
 }  // namespace
 
@@ -597,6 +652,85 @@ TEST_CASE(
     CHECK(f.route_at.at(a.w).fetch == nullptr);
     CHECK(f.route_at.at(b.w).fetch == b.fetch);
     CHECK(simulate(g, fused_steps(g, f), mgl::plan_allocation(g, 256, f.also_reads)) == 0);
+}
+
+TEST_CASE(
+    "mgl cuda fusion planner (host only): a prefetch and its prediction run on the side stream, "
+    "joined before the next fetch") {
+    TestModel m = open_test_model(converted_fixture(dtype::bf16), 1);
+    const int64_t n_moe = int64_t(m.model->moe_layers().size());
+    REQUIRE(n_moe >= 2);
+    for (int64_t T : {1, 7}) {
+        for (const bool route_fetch : {false, true}) {
+            CAPTURE(T);
+            CAPTURE(route_fetch);
+            FetchGraph fg(m, T, false, 2);
+            const mgl::graph& g = fg.g;
+            mgl::cuda_fusions on;
+            on.route_fetch = route_fetch;
+            const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, on);
+            const mgl::alloc_plan plan = mgl::plan_allocation(g, 256, f.also_reads);
+            CHECK(simulate(g, fused_steps(g, f), plan) == 0);
+            CHECK(int64_t(fg.fetches.size()) == n_moe);
+            if (T > 1) {  // prompts do not prefetch
+                CHECK(fg.prefetches.empty());
+                CHECK(f.side.empty());
+                continue;
+            }
+            REQUIRE(int64_t(fg.prefetches.size()) == n_moe - 1);
+            // A prefetch reads its previous layer's ids after that layer's route step (the
+            // schedule places the route's weights first): every layer still routes in one step.
+            CHECK(f.n_route == n_moe);
+            // The prefetches and the nodes only they read (the prediction) are side nodes,
+            // nothing else: every side node's readers are side nodes, and none is an output.
+            std::map<const mgl::tensor*, int> readers_outside;
+            for (const mgl::tensor* n : g.nodes)
+                for (const mgl::tensor* s : n->src)
+                    if (s && f.side.count(s) && !f.side.count(n)) ++readers_outside[s];
+            CHECK(readers_outside.size() == fg.prefetches.size());  // each prefetch, by its fetch
+            for (const mgl::tensor* p : fg.prefetches) {
+                CHECK(f.side.count(p) == 1);
+                CHECK(f.side.count(p->src[1]) == 1);  // the predicted ids
+                CHECK(readers_outside[p] == 1);
+            }
+            for (const mgl::tensor* o : g.outputs) CHECK(f.side.count(o) == 0);
+            // Each prefetch follows its previous layer's fetch (the model's schedule), and the
+            // main stream joins before the next fetch: one join per prefetch.
+            const std::vector<const mgl::tensor*> at = step_nodes(g, f);
+            auto index_of = [&](const mgl::tensor* n) {
+                return size_t(std::find(g.nodes.begin(), g.nodes.end(), n) - g.nodes.begin());
+            };
+            for (size_t l = 0; l + 1 < fg.fetches.size(); ++l) {
+                const size_t pre = index_of(fg.prefetches[l]);
+                CHECK(index_of(fg.fetches[l]) < pre);
+                CHECK(pre < index_of(fg.fetches[l + 1]));
+                CHECK(fg.fetches[l + 1]->src[0] == fg.prefetches[l]);  // the table it takes
+            }
+            CHECK(f.join_before.size() == fg.prefetches.size());
+            // Main steps run beside each prefetch (its layer's experts at least): the step after
+            // it is a main step that does not join.
+            for (size_t i = 0; i + 1 < at.size(); ++i)
+                if (mgl::is_expert_prefetch(*at[i])) {
+                    CHECK(f.side.count(at[i + 1]) == 0);
+                    CHECK(f.join_before.count(at[i + 1]) == 0);
+                }
+            // And none of them touches the side steps' memory.
+            CHECK(concurrent_conflicts(g, f, plan) == 0);
+            // Without the side stream every step runs in node order on one stream.
+            mgl::cuda_fusions serial = on;
+            serial.side_stream = false;
+            const mgl::cuda::fusion_plan fs = mgl::cuda::plan_fusions(g, serial);
+            CHECK(fs.side.empty());
+            CHECK(fs.join_before.empty());
+            // The check can fail: memory planned as if the steps ran in node order (without the
+            // side nodes kept live until their join) is reused beside them.
+            const int unsafe =
+                concurrent_conflicts(g, f, mgl::plan_allocation(g, 256, fs.also_reads));
+            MESSAGE("side steps beside main steps in memory planned for node order: "
+                    << unsafe << " conflicts");
+            CHECK(unsafe > 0);
+        }
+    }
 }
 
 #endif  // MINIDS_HAVE_CUDA

@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -261,6 +262,75 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
     }
 }
 
+TEST_CASE("expert offload, prefetch: predicted experts filled a layer early change nothing") {
+    // Each decode step's MoE layers but the last also fill up to N of the next layer's experts
+    // as its router predicts them from this layer's input (mgl::expert_prefetch); the logits
+    // must not change, the tables must hold what the host's replay says, and the counters must
+    // add up: a prompt prefetches nothing, every prefetch is a fill, its layer reads some.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel cached = open_test_model(path);
+    const std::vector<int32_t>& prompt = offload_test_prompt;
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
+    for (const auto& [policy, slots, prefetch] :
+         {std::tuple{routing::Policy::decay, int64_t(12), 2},
+          {routing::Policy::lru, int64_t(24), 1},
+          {routing::Policy::decay, int64_t(40), 4},
+          {routing::Policy::lfu, int64_t(8), 2}}) {
+        CAPTURE(std::string(routing::policy_name(policy)));
+        CAPTURE(slots);
+        CAPTURE(prefetch);
+        routing::CacheConfig cfg;
+        cfg.policy = policy;
+        cfg.n_slots = slots;
+        ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+        offload.set_prefetch(prefetch);
+        Session s(*cached.model, *cached.backend, SessionParams{});
+        offload.attach(s);
+        s.set_expert_cache_hook([&](const RoutingRecord& r) {
+            offload.after_step(r);
+            check_tables(offload, *cached.model);
+        });
+        CHECK(s.eval(prompt, true) == ref_prompt);
+        CHECK(offload.stats().prefetches == 0);  // prompts do not prefetch
+        const OffloadStats after_prompt = offload.stats();
+        bool all_equal = true;
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            const int32_t one[1] = {tokens[i]};
+            all_equal = all_equal && s.eval(one) == ref_steps[i];
+        }
+        CHECK(all_equal);
+        const OffloadStats st = offload.stats().since(after_prompt);
+        const int64_t n_moe = int64_t(cached.model->moe_layers().size());
+        CHECK(st.prefetches > 0);
+        CHECK(st.prefetches <= int64_t(tokens.size()) * (n_moe - 1) * prefetch);
+        CHECK(st.prefetch_used > 0);
+        CHECK(st.prefetch_used <= st.prefetches);
+        CHECK(st.fills >= st.prefetches);
+        CHECK(st.hits >= st.prefetch_used);
+        MESSAGE("prefetch " << prefetch << ", " << std::string(routing::policy_name(policy)) << " "
+                            << slots << " slots, decode: " << st.hits << " hits of " << st.accesses
+                            << ", " << st.fills << " fills, " << st.prefetches << " prefetched, "
+                            << st.prefetch_used << " used");
+    }
+}
+
+TEST_CASE("expert offload, prefetch: refused where it cannot run") {
+    TestModel m = open_test_model((models_dir() / "demo.mds").string());
+    routing::CacheConfig cfg;
+    cfg.policy = routing::Policy::decay;
+    cfg.n_slots = 24;
+    ExpertOffload host(*m.model, *m.backend, cfg, nullptr, false);  // the host fetch
+    CHECK_THROWS_AS(host.set_prefetch(1), std::invalid_argument);
+    CHECK_NOTHROW(host.set_prefetch(0));
+    ExpertOffload device(*m.model, *m.backend, cfg, nullptr, true);
+    CHECK_THROWS_AS(device.set_prefetch(5), std::invalid_argument);  // above the top-k of 4
+    CHECK_THROWS_AS(device.set_prefetch(-1), std::invalid_argument);
+    CHECK_NOTHROW(device.set_prefetch(4));
+    CHECK(device.prefetch() == 4);
+}
+
 TEST_CASE("expert offload, device fetch: configurations it cannot serve are refused") {
     TestModel m = open_test_model((models_dir() / "demo.mds").string());
     routing::CacheConfig cfg;
@@ -383,6 +453,8 @@ TEST_CASE("expert offload, staging store: every miss fetched through the stage, 
             cfg.n_slots = slots;
             ExpertOffload offload(*staged.model, *staged.backend, cfg, nullptr, true);
             REQUIRE(offload.uses_staging());
+            // Prefetch is not offered: its fills would need the host between plan and copy too.
+            CHECK_THROWS_AS(offload.set_prefetch(1), std::invalid_argument);
             Session s(*staged.model, *staged.backend, sp);
             offload.attach(s);
             routing::RoutingTrace trace = empty_trace(*staged.model);

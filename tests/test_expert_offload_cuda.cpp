@@ -215,6 +215,94 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
         }
 }
 
+TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident logits" *
+          doctest::skip(no_gpu)) {
+    // The device fetch with prefetch (mgl::expert_prefetch): each decode step's MoE layers but
+    // the last fill up to N of the next layer's predicted experts, plan and copy on the side
+    // stream beside the layer's expert kernels, joined before the next layer's fetch. The
+    // logits must equal the resident model's, the device's tables the host's replay, and the
+    // decisions (fills, prefetches, hits) those of the same graph on one stream (side_stream
+    // off: node order) and of graphs run eagerly instead of replayed, every step.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel resident = open_cuda(path, true);
+    TestModel offloaded = open_cuda(path, false);
+    if (offloaded.model->weights().placement().experts_staged) {
+        MESSAGE("CUDA expert offload, prefetch: skipped, the staging store (no prefetch there)");
+        return;
+    }
+    mgl::cuda_fusions serial;
+    serial.side_stream = false;
+    TestModel offloaded_serial = open_cuda(path, false, serial);
+    const std::vector<int32_t>& prompt = offload_test_prompt;
+    const int64_t n_decode = 32;
+    auto read = [](void* dst, const void* src, size_t n) {
+        REQUIRE(cudaMemcpy(dst, src, n, cudaMemcpyDefault) == cudaSuccess);
+    };
+    SessionParams sp;
+    sp.kv_type = mgl::dtype::bf16;
+    const ReferenceRun ref = greedy_reference(*resident.model, *resident.backend, sp, n_decode);
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
+    for (const auto& [policy, slots, prefetch] :
+         {std::tuple{routing::Policy::decay, int64_t(12), 2},
+          {routing::Policy::lru, int64_t(24), 4},
+          {routing::Policy::lfu, int64_t(8), 1}}) {
+        CAPTURE(std::string(routing::policy_name(policy)));
+        CAPTURE(slots);
+        CAPTURE(prefetch);
+        routing::CacheConfig cfg;
+        cfg.policy = policy;
+        cfg.n_slots = slots;
+        const char* names[3] = {"side stream, replayed", "one stream, replayed",
+                                "side stream, eager"};
+        std::vector<std::vector<float>> logits_of[3];
+        OffloadStats stats_of[3];
+        for (int v = 0; v < 3; ++v) {
+            CAPTURE(std::string(names[v]));
+            TestModel& m = v == 1 ? offloaded_serial : offloaded;
+            ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
+            offload.set_prefetch(prefetch);
+            Session s(*m.model, *m.backend, sp);
+            s.set_decode_graph(v != 2);
+            offload.attach(s);
+            s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                offload.after_step(r);
+                m.backend->synchronize();
+                check_tables(offload, *m.model, read);
+            });
+            std::vector<std::vector<float>>& logits = logits_of[v];
+            logits.push_back(s.eval(prompt, true));
+            double worst = worst_diff(logits.back(), ref_prompt);
+            for (int64_t i = 0; i < n_decode; ++i) {
+                const int32_t one[1] = {tokens[size_t(i)]};
+                logits.push_back(s.eval(one));
+                worst = std::max(worst, worst_diff(logits.back(), ref_steps[size_t(i)]));
+            }
+            const OffloadStats& st = offload.stats();
+            stats_of[v] = st;
+            MESSAGE("CUDA expert offload, prefetch "
+                    << prefetch << " (" << names[v] << "), "
+                    << std::string(routing::policy_name(policy)) << " " << slots
+                    << " of 160 slots: worst "
+                    << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
+                    << st.accesses << ", " << st.fills << " fills, " << st.prefetches
+                    << " prefetched, " << st.prefetch_used << " used");
+            CHECK(worst <= 1e-6);
+            CHECK(st.prefetches > 0);
+            CHECK(st.prefetch_used > 0);
+            CHECK(st.prefetch_used <= st.prefetches);
+        }
+        for (int v = 1; v < 3; ++v) {
+            CAPTURE(std::string(names[v]));
+            CHECK(logits_of[v] == logits_of[0]);
+            CHECK(stats_of[v].hits == stats_of[0].hits);
+            CHECK(stats_of[v].fills == stats_of[0].fills);
+            CHECK(stats_of[v].prefetches == stats_of[0].prefetches);
+            CHECK(stats_of[v].prefetch_used == stats_of[0].prefetch_used);
+            CHECK(stats_of[v].reads_in_place == stats_of[0].reads_in_place);
+        }
+    }
+}
+
 TEST_CASE("cuda expert offload: the staging store gives the resident logits" *
           doctest::skip(no_gpu)) {
     // Nothing registered: the homes are pageable addresses in the file mapping, which the device

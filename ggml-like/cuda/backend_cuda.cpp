@@ -121,6 +121,7 @@ public:
           replay_timing_(env_flag("MINIDS_CUDA_REPLAY_TIMER", false)),
           fusions_(fusion_switches_from_env(o.fuse)),
           stream_((use_device(), cuda::stream())),
+
           cublas_(stream_.get(), size_t(32) << 20),
           error_record_(sizeof(device_error)) {
         *host_error() = device_error{};
@@ -352,8 +353,10 @@ private:
         p->fused_route_fetch = fusions.n_route_fetch;
         p->title =
             std::to_string(g.nodes.size()) + "-node graph" + (g.reusable ? " (reusable)" : "");
-        reserve(matmul_ws_, p->launches.matmul_workspace_bytes, true);
-        reserve(scratch_, p->launches.scratch_bytes, false);
+        // The side stream's regions follow the main ones (launch_list).
+        reserve(matmul_ws_,
+                p->launches.matmul_workspace_bytes + p->launches.side_matmul_workspace_bytes, true);
+        reserve(scratch_, p->launches.scratch_bytes + p->launches.side_scratch_bytes, false);
         // Zeroed when allocated; each router_route launch leaves its counter at 0.
         if (p->launches.tickets)
             reserve(tickets_, p->launches.tickets * sizeof(unsigned int), true);
@@ -394,6 +397,62 @@ private:
         return e;
     }
 
+    // The side stream's environment for the plan's steps: its own stream and regions, no PDL
+    // (its first kernel depends on an event, not on the kernel before it in its stream).
+    exec_env side_environment(const graph_plan& p, const exec_env& main) const {
+        exec_env e = main;
+        e.stream = side_stream_.get();
+        e.pdl = false;
+        e.matmul_workspace =
+            static_cast<char*>(main.matmul_workspace) + p.launches.matmul_workspace_bytes;
+        e.matmul_workspace_bytes = p.launches.side_matmul_workspace_bytes;
+        e.scratch = static_cast<char*>(main.scratch) + p.launches.scratch_bytes;
+        e.scratch_bytes = p.launches.side_scratch_bytes;
+        return e;
+    }
+
+    // Forks the side stream from the main one before a side step that follows main work, and
+    // joins it before a main step marked join (and at the end), with events: the same calls
+    // build the fork and join edges when the steps are being captured.
+    class lanes {
+    public:
+        lanes(cuda_backend& b, const graph_plan& p, const exec_env& main)
+            : b_(b), main_(main), side_(p.launches.has_side ? b.side_environment(p, main) : main) {}
+        // The environment step s runs with, after any fork or join it needs.
+        const exec_env& before(const launch_step& s) {
+            if (s.side) {
+                if (main_since_fork_) {
+                    b_.fork_.record(main_.stream);
+                    CUDA_CHECK(cudaStreamWaitEvent(side_.stream, b_.fork_.get(), 0));
+                    main_since_fork_ = false;
+                }
+                side_pending_ = true;
+                return side_;
+            }
+            main_since_fork_ = true;
+            if (s.join && side_pending_) {
+                join();
+                joined_ = main_;
+                joined_.pdl = false;  // it depends on the side stream too
+                return joined_;
+            }
+            return main_;
+        }
+        void finish() {
+            if (side_pending_) join();
+        }
+
+    private:
+        void join() {
+            b_.join_.record(side_.stream);
+            CUDA_CHECK(cudaStreamWaitEvent(main_.stream, b_.join_.get(), 0));
+            side_pending_ = false;
+        }
+        cuda_backend& b_;
+        exec_env main_, side_, joined_;
+        bool main_since_fork_ = true, side_pending_ = false;
+    };
+
     static void run_step(const launch_step& s, const exec_env& env) {
         try {
             s.run(env);
@@ -429,17 +488,20 @@ private:
             }
             prof = p.eager_profile.get();
         }
+        lanes lane(*this, p, env);
         for (size_t i = 0; i < p.launches.steps.size(); ++i) {
             const launch_step& s = p.launches.steps[i];
             if (prof) {
                 // Eager launches are timed one at a time (the queue drained first), so a launch
                 // that stalls the host shows up in its own row, not in the next one's.
                 CUDA_CHECK(cudaStreamSynchronize(env.stream));
+                CUDA_CHECK(cudaStreamSynchronize(side_stream_.get()));
                 prof->mark(i, env.stream, false);
             }
-            run_step(s, env);
+            const exec_env& at = lane.before(s);
+            run_step(s, at);
             if (sync_each_) {
-                const cudaError_t err = cudaStreamSynchronize(env.stream);
+                const cudaError_t err = cudaStreamSynchronize(at.stream);
                 if (err != cudaSuccess) {
                     throw error(std::string("cuda ") + s.what + " for '" +
                                 (s.node ? s.node->name : std::string()) +
@@ -447,6 +509,7 @@ private:
                 }
             }
         }
+        lane.finish();
         if (prof) {
             prof->mark(p.launches.steps.size(), env.stream, false);
             prof->collect(env.stream);
@@ -464,10 +527,13 @@ private:
         }
         CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
         try {
+            lanes lane(*this, p, env);
             for (size_t i = 0; i < p.launches.steps.size(); ++i) {
                 if (prof) prof->mark(i, stream_.get(), true);
-                run_step(p.launches.steps[i], env);
+                const launch_step& s = p.launches.steps[i];
+                run_step(s, lane.before(s));
             }
+            lane.finish();  // a capture must end on the stream it began on, joined
             if (prof) prof->mark(p.launches.steps.size(), stream_.get(), true);
         } catch (...) {
             cudaGraph_t partial = nullptr;
@@ -503,6 +569,11 @@ private:
     bool graphs_, pdl_, verbose_, sync_each_, profile_, replay_timing_;
     fusion_switches fusions_;
     cuda::stream stream_;
+    // The side stream (fusion_plan::side: an expert cache's prefetch) and the events that fork
+    // it from the main stream and join it back. (A side stream of the highest priority measured
+    // no different.)
+    cuda::stream side_stream_;
+    cuda::event fork_, join_;
     cublas_handle cublas_;
     pinned_memory error_record_;
     device_error* error_device_ = nullptr;

@@ -29,7 +29,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false, false, false, false};
     if (s != "0" && s != "none") {
         for (const std::string& name : names_of(s)) {
             if (name == "norm") {
@@ -48,10 +48,12 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.router_route = true;
             } else if (name == "route_fetch") {
                 keep.route_fetch = true;
+            } else if (name == "side_stream") {
+                keep.side_stream = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
-                            "residual, route, mla_prep, router_route, route_fetch)");
+                            "residual, route, mla_prep, router_route, route_fetch, side_stream)");
             }
         }
     }
@@ -193,6 +195,8 @@ public:
         if (on_.route_fetch) find_route_fetches();
         if (on_.residual) find_residuals();
         add_also_reads();
+        // Last: which steps run where depends on what runs in which step.
+        if (on_.side_stream) find_side_branches();
         return std::move(p_);
     }
 
@@ -398,7 +402,8 @@ private:
             tensor* fetch = nullptr;
             int n_fetches = 0;
             for (tensor* c : consumers(r.topk)) {
-                if (c->op_kind != op::expert_fetch) continue;
+                // (A prefetch reads these ids as the ones to protect: it does not fetch them.)
+                if (c->op_kind != op::expert_fetch || is_expert_prefetch(*c)) continue;
                 ++n_fetches;
                 fetch = c;
             }
@@ -455,6 +460,83 @@ private:
                 break;
             }
         }
+    }
+
+    // The side stream (fusion_switches::side_stream): every prefetch, and every node all of whose
+    // readers run there and that is no output (the prefetch's routing prediction). The main
+    // stream joins it before its first later step that reads a side node or, with a prefetch
+    // pending, touches the fetch state (a fetch, or a route step that plans one): those run in
+    // node order. Until then the side nodes' memory and their inputs' stay live, since
+    // the main steps in between run beside them (also_reads). moe_experts, which reads its
+    // layer's table while a prefetch rewrites other entries of it, runs beside it: a prefetch
+    // never evicts what the layer it protects reads (mgl::expert_prefetch).
+    void find_side_branches() {
+        for (auto it = g_.nodes.rbegin(); it != g_.nodes.rend(); ++it) {
+            tensor* n = *it;
+            bool side = is_expert_prefetch(*n);
+            if (!side && !is_output(n)) {
+                const auto& readers = consumers(n);
+                side = !readers.empty() && std::all_of(readers.begin(), readers.end(),
+                                                       [&](tensor* c) { return p_.side.count(c); });
+            }
+            if (side) p_.side.insert(n);
+        }
+        if (p_.side.empty()) return;
+        std::vector<tensor*> live;   // side nodes and their inputs since the last join
+        bool fetch_pending = false;  // a prefetch among them
+        for (tensor* n : g_.nodes) {
+            if (p_.side.count(n)) {
+                live.push_back(n);
+                for (tensor* s : n->src)
+                    if (s) live.push_back(s);
+                fetch_pending = fetch_pending || is_expert_prefetch(*n);
+                continue;
+            }
+            if (live.empty() || !runs_step(n) || !needs_join(n, fetch_pending)) continue;
+            p_.join_before.insert(n);
+            for (tensor* t : live) also_read(n, t);
+            live.clear();
+            fetch_pending = false;
+        }
+        // The backend joins at the end of the graph too.
+        for (tensor* t : live) also_read(g_.nodes.back(), t);
+    }
+
+    // Whether the backend emits a step at n (its fused members run in it).
+    bool runs_step(const tensor* n) const {
+        if (p_.skipped.count(n) || n->op_kind == op::none || n->op_kind == op::view) return false;
+        return true;
+    }
+
+    // What n's step reads: its sources and those of the nodes fused into it.
+    std::vector<const tensor*> step_reads(const tensor* n) const {
+        std::vector<const tensor*> out(n->src.begin(), n->src.end());
+        auto add = [&](const tensor* m) {
+            if (m) out.insert(out.end(), m->src.begin(), m->src.end());
+        };
+        if (auto it = p_.route_at.find(n); it != p_.route_at.end())
+            for (const tensor* m : std::initializer_list<const tensor*>{
+                     it->second.softmax, it->second.topk, it->second.router, it->second.fetch})
+                add(m);
+        if (auto it = p_.producer_of.find(n); it != p_.producer_of.end()) add(it->second);
+        if (auto it = p_.prep_at.find(n); it != p_.prep_at.end())
+            for (const tensor* m : std::initializer_list<const tensor*>{
+                     it->second.kv_norm, it->second.k_rope, it->second.store, it->second.q_rope})
+                add(m);
+        if (auto it = p_.norm_of.find(n); it != p_.norm_of.end()) add(it->second);
+        return out;
+    }
+
+    bool needs_join(const tensor* n, bool fetch_pending) const {
+        // A fetch, or a route step that plans one, orders against a prefetch's state.
+        if (fetch_pending) {
+            if (n->op_kind == op::expert_fetch) return true;
+            if (auto it = p_.route_at.find(n); it != p_.route_at.end() && it->second.fetch)
+                return true;
+        }
+        for (const tensor* s : step_reads(n))
+            if (s && p_.side.count(s)) return true;
+        return false;
     }
 
     void also_read(tensor* at, tensor* t) {

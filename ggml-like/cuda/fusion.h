@@ -19,6 +19,10 @@
 //             plans the fetch (kernels/expert_fetch_plan.cuh) and the fetch's step only copies.
 //   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
 //             layer, for MLA's decode prologue.
+//   side_stream  (a schedule, not a fusion) an expert cache's prefetch and the nodes only it
+//             reads (its routing prediction) run on a second stream, forked from the main one
+//             where they start and joined before the first later main step that reads them, is
+//             a fetch or a route step; their memory stays live until that join.
 //
 // A node is fused away only when it is not a graph output and nothing outside its group reads
 // it, except outputs the fused kernel writes anyway (probs and ids of route; q_pe, kv_cmpr and
@@ -111,6 +115,10 @@ struct fusion_plan {
     std::unordered_set<const tensor*> skipped;        // nodes whose work runs in another step
     std::unordered_set<const tensor*> fetch_planned;  // expert_fetch nodes a route step plans
     std::vector<std::pair<tensor*, tensor*>> also_reads;
+    // side_stream: the nodes whose steps run on the side stream, and the main nodes before
+    // whose step the main stream waits for it (the backend also joins at the end).
+    std::unordered_set<const tensor*> side;
+    std::unordered_set<const tensor*> join_before;
     int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
     int n_router_route = 0;  // of n_route
     int n_route_fetch = 0;   // of n_route

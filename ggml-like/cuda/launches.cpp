@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -297,6 +296,12 @@ kn::ExpertFetchParams expert_fetch_params(const tensor& n) {
     p.n_experts = int32_t(n.src[0]->shape[0]);
     p.blob_bytes = int64_t(n.experts->blob_bytes);
     if (n.src[3]) p.stage = static_cast<expert_stage_header*>(n.src[3]->data);
+    if (is_expert_prefetch(n)) {
+        p.prefetch = true;
+        p.protect = static_cast<const int32_t*>(n.src[4]->data);
+        p.n_protect = n.src[4]->nelements();
+        p.protect_layer = n.iparams[2];
+    }
     return p;
 }
 
@@ -763,6 +768,8 @@ std::string cuda_unsupported_reason(const tensor& n) {
         }
         case op::expert_fetch:
             if (!contiguous_matrix(n.src[1], dtype::i32)) return "ids must be contiguous [T, k]";
+            if (is_expert_prefetch(n) && !contiguous_matrix(n.src[4], dtype::i32))
+                return "protected ids must be contiguous [T, k]";
             if (n.src[0]->shape[0] > 1024) return "more than 1024 experts";
             return "";
         case op::kv_store:
@@ -811,8 +818,8 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         if (add) what += "+add";
         out.steps.push_back({what, add ? add : &mm, [L](const exec_env& env) { L->run(env); }});
     };
-    for (tensor* n : g.nodes) {
-        if (f.skipped.count(n)) continue;
+    // The step (if any) node n runs as; `scratch` grows to what it needs.
+    auto emit_step = [&](tensor* n) {
         if (auto it = f.route_at.find(n); it != f.route_at.end()) {
             if (const tensor* mm = it->second.router) {
                 auto wn = f.writes_norm.find(mm);
@@ -822,11 +829,11 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
             } else {
                 out.steps.push_back(route_step(it->second));
             }
-            continue;
+            return;
         }
         if (auto it = f.prep_at.find(n); it != f.prep_at.end()) {
             out.steps.push_back(mla_prep_step(it->second, ctx));
-            continue;
+            return;
         }
         if (auto it = f.producer_of.find(n); it != f.producer_of.end()) {
             const tensor& product = *it->second;
@@ -837,7 +844,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(
                     moe_experts_step(product, n, residual, norm_of(product), scratch));
             }
-            continue;
+            return;
         }
         switch (n->op_kind) {
             case op::none:
@@ -871,8 +878,31 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(simple_step(*n));
                 break;
         }
+    };
+    size_t side_scratch = 0, side_workspace = 0;
+    for (tensor* n : g.nodes) {
+        if (f.skipped.count(n)) continue;
+        // A side step's scratch and workspace needs go to the side regions (launch_list).
+        const bool side = f.side.count(n) != 0;
+        const size_t steps_before = out.steps.size(), main_scratch = scratch,
+                     main_workspace = out.matmul_workspace_bytes;
+        if (side) scratch = out.matmul_workspace_bytes = 0;
+        emit_step(n);
+        if (side) {
+            side_scratch = std::max(side_scratch, scratch);
+            side_workspace = std::max(side_workspace, out.matmul_workspace_bytes);
+            scratch = main_scratch;
+            out.matmul_workspace_bytes = main_workspace;
+        }
+        if (out.steps.size() == steps_before) continue;
+        launch_step& st = out.steps.back();
+        st.join = f.join_before.count(n) != 0;
+        st.side = side;
+        out.has_side = out.has_side || side;
     }
     out.scratch_bytes = align_up(scratch);
+    out.side_scratch_bytes = align_up(side_scratch);
+    out.side_matmul_workspace_bytes = align_up(side_workspace);
     return out;
 }
 

@@ -36,6 +36,10 @@ struct launch_step {
     std::string what;  // "matmul", "matmul+norm+add", "moe_route", ... (for messages and logs)
     const tensor* node = nullptr;
     std::function<void(const exec_env&)> run;
+    // fusion_plan::side / join_before: runs on the side stream (whose exec_env has its own
+    // scratch and matmul workspace, and no PDL), or waits for the side stream before it runs.
+    bool side = false;
+    bool join = false;
 };
 
 // What the launches need from the backend besides the graph.
@@ -48,6 +52,11 @@ struct launch_list {
     std::vector<launch_step> steps;
     size_t matmul_workspace_bytes = 0;  // the most any one launch needs
     size_t scratch_bytes = 0;
+    // The side stream's steps run beside the main ones, so they get regions of their own after
+    // the main ones (each a multiple of 256 bytes).
+    size_t side_matmul_workspace_bytes = 0;
+    size_t side_scratch_bytes = 0;
+    bool has_side = false;
     size_t tickets = 0;  // router_route counters the steps use (exec_env::tickets)
 };
 

@@ -70,6 +70,11 @@ struct cuda_fusions {
     // link fewer per MoE layer. Exactly the same plan (one device function; GPU tests identical).
     // Off: every expert a hit gained only 0.7 % on the H200 (447.6 against 444.4 tok/s).
     bool route_fetch = false;
+    // Not a fusion but a schedule: an expert cache's prefetch (mgl::expert_prefetch) and the
+    // nodes only it reads (its routing prediction) run on a second stream beside the main one,
+    // joined before the next node that reads what they wrote or touches the fetch state
+    // (fusion.h). Off: in node order on the one stream (the prefetch then cannot overlap).
+    bool side_stream = true;
 };
 
 struct cuda_options {

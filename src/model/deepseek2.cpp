@@ -300,26 +300,31 @@ mgl::tensor* Deepseek2Model::build_attention(mgl::context& ctx, const Deepseek2L
 }
 
 mgl::tensor* Deepseek2Model::build_router(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                                          mgl::tensor* x, mgl::tensor*& probs) const {
+                                          mgl::tensor* x, mgl::tensor*& probs,
+                                          const mgl::moe_route_params& route) const {
     mgl::tensor* logits = named(mgl::matmul(ctx, x, L.router), "router_logits", il);  // [T, E]
     probs = named(mgl::softmax(ctx, logits), "router_probs", il);                     // [T, E]
-    return named(mgl::moe_topk(ctx, probs, route_), "expert_ids", il);                // [T, k] i32
+    return named(mgl::moe_topk(ctx, probs, route), "expert_ids", il);                 // [T, k] i32
 }
 
-mgl::tensor* Deepseek2Model::build_routing_prediction(mgl::context& ctx, int64_t il,
-                                                      mgl::tensor* h) const {
+mgl::tensor* Deepseek2Model::build_routing_prediction(mgl::context& ctx, int64_t il, mgl::tensor* h,
+                                                      int k) const {
     MGL_CHECK(il >= 0 && il < cfg_.num_hidden_layers && layers_[size_t(il)].is_moe,
               "routing prediction: layer " + std::to_string(il) + " is not a MoE layer");
     const Deepseek2Layer& L = layers_[size_t(il)];
     mgl::tensor* x =
         named(mgl::rms_norm(ctx, h, L.ffn_norm, float(cfg_.rms_norm_eps)), "predicted_norm", il);
+    mgl::moe_route_params route = route_;
+    if (k > 0) route.k = std::min(k, route_.k);
     mgl::tensor* probs = nullptr;
-    return named(build_router(ctx, L, il, x, probs), "predicted_ids", il);
+    mgl::tensor* ids = build_router(ctx, L, il, x, probs, route);
+    probs->name = "predicted_probs-" + std::to_string(il);
+    return named(ids, "predicted_ids", il);
 }
 
 mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
                                        mgl::tensor* x, const ForwardBatch& batch, size_t moe_index,
-                                       ForwardResult& result) const {
+                                       ForwardResult& result, FetchChain& fetch) const {
     if (!L.is_moe) {  // dense SwiGLU MLP: down(silu(gate(x)) * up(x))
         mgl::tensor* gate = named(mgl::matmul(ctx, x, L.ffn_gate), "ffn_gate", il);
         mgl::tensor* up = named(mgl::matmul(ctx, x, L.ffn_up), "ffn_up", il);
@@ -327,7 +332,7 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
         return named(mgl::matmul(ctx, act, L.ffn_down), "ffn_out", il);  // [T, D]
     }
     mgl::tensor* probs = nullptr;
-    mgl::tensor* ids = build_router(ctx, L, il, x, probs);  // [T, k] i32
+    mgl::tensor* ids = build_router(ctx, L, il, x, probs, route_);  // [T, k] i32
     mgl::tensor* w =
         named(mgl::moe_weights(ctx, probs, ids, route_), "expert_weights", il);  // [T, k]
     result.router_ids.push_back(ids);
@@ -338,11 +343,16 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
     }
     // Σ_k w_k · Expert_k(x) + Shared(x), the shared expert being absent when ffn_gate is null.
     const mgl::shared_expert shared{L.ffn_gate, L.ffn_up, L.ffn_down};
-    mgl::tensor* table = L.expert_table;
-    if (batch.expert_fetch)
+    mgl::tensor* table = fetch.table ? fetch.table : L.expert_table;
+    fetch.table = nullptr;
+    if (batch.expert_fetch) {
         table = named(mgl::expert_fetch(ctx, table, ids, batch.expert_fetch, int(moe_index),
                                         expert_layout_, batch.expert_stage),
                       "expert_fetch", il);
+        fetch.last_fetch = table;
+        fetch.last_ids = ids;
+        fetch.last_weights = w;
+    }
     return named(mgl::moe_experts(ctx, x, ids, w, table, expert_layout_, shared), "ffn_out",
                  il);  // [T, D]
 }
@@ -360,15 +370,42 @@ ForwardResult Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatc
 
     ForwardResult result;
     mgl::tensor* x = named(mgl::get_rows(ctx, tok_embd_, batch.tokens), "inp_embd");  // [T, D]
+    // Prefetch (decode only: a prompt chunk streams nearly every expert anyway, and imposed
+    // routing is not what the routers would predict).
+    const bool prefetch = batch.expert_fetch && !batch.expert_stage && batch.expert_prefetch > 0 &&
+                          T == 1 && batch.routing_ids.empty();
     size_t moe_index = 0;
+    FetchChain fetch;
     for (int64_t il = 0; il < cfg_.num_hidden_layers; ++il) {
         const Deepseek2Layer& L = layers_[size_t(il)];
         mgl::tensor* cur = named(mgl::rms_norm(ctx, x, L.attn_norm, eps), "attn_norm", il);
         cur = build_attention(ctx, L, il, cur, batch);
         x = named(mgl::add(ctx, x, cur), "ffn_inp", il);  // h = x + MLA(norm(x))
         cur = named(mgl::rms_norm(ctx, x, L.ffn_norm, eps), "ffn_norm", il);
-        cur = build_ffn(ctx, L, il, cur, batch, moe_index, result);
-        if (L.is_moe) ++moe_index;
+        cur = build_ffn(ctx, L, il, cur, batch, moe_index, result, fetch);
+        if (L.is_moe) {
+            ++moe_index;
+            if (prefetch && moe_index < moe_layers_.size()) {
+                // The next MoE layer's likely experts, from this layer's FFN input: known before
+                // this layer's experts run, so their copies can run beside them.
+                const int64_t next = moe_layers_[moe_index];
+                mgl::tensor* predicted =
+                    build_routing_prediction(ctx, next, x, batch.expert_prefetch);
+                fetch.table = named(
+                    mgl::expert_prefetch(ctx, layers_[size_t(next)].expert_table, predicted,
+                                         batch.expert_fetch, int(moe_index), expert_layout_,
+                                         fetch.last_ids, int(moe_index - 1), fetch.last_fetch),
+                    "expert_prefetch", next);
+                // In the graph's order: the layer's routing weights and fetch (the route step
+                // that writes the ids the prefetch protects runs before it), then the prediction
+                // and the prefetch (on the CUDA backend beside this layer's experts). Placing the
+                // prediction earlier, beside the layer's own routing, measured no faster: it
+                // then queues behind the previous prefetch's copy on the side stream.
+                result.schedule.push_back(fetch.last_weights);
+                result.schedule.push_back(fetch.last_fetch);
+                result.schedule.push_back(fetch.table);
+            }
+        }
         x = named(mgl::add(ctx, x, cur), "l_out", il);  // y = h + FFN(norm(h))
     }
     if (!batch.all_logits) x = mgl::slice(ctx, x, 0, T - 1, 1);  // [1, D]

@@ -68,6 +68,11 @@ struct ForwardBatch {
     // homes are host memory the device cannot read, so every fill goes through it. Null: the
     // homes are readable in place.
     mgl::tensor* expert_stage = nullptr;
+    // With expert_fetch and one decoded token whose routing is not imposed: each MoE layer but
+    // the last prefetches this many of the next MoE layer's experts, predicted by that layer's
+    // router applied to this layer's FFN input (mgl::expert_prefetch; docs/expert-cache.md,
+    // "Prefetch"). 0: no prefetch.
+    int expert_prefetch = 0;
 };
 
 struct ForwardResult {
@@ -75,6 +80,10 @@ struct ForwardResult {
     // What each MoE layer's router chose (layer order): ids [T, k] i32, weights [T, k] f32.
     std::vector<mgl::tensor*> router_ids;
     std::vector<mgl::tensor*> router_weights;
+    // Nodes the graph must place in this order before the rest (mgl::build_graph's `first`):
+    // each prefetch right after its previous layer's fetch, so on the CUDA backend it runs
+    // beside that layer's experts instead of just before its own layer's fetch.
+    std::vector<mgl::tensor*> schedule;
 };
 
 class Deepseek2Model {
@@ -104,7 +113,9 @@ public:
     // and top-k, the ops the forward routes with. Applied to an earlier layer's state it predicts
     // layer il's experts before that layer runs (the prefetch of issue 10;
     // scripts/record_routing_text.cpp --predict measures how well). Returns ids [T, k] i32.
-    mgl::tensor* build_routing_prediction(mgl::context& ctx, int64_t il, mgl::tensor* h) const;
+    // `k` > 0 keeps only the router's k best experts instead of the model's top-k.
+    mgl::tensor* build_routing_prediction(mgl::context& ctx, int64_t il, mgl::tensor* h,
+                                          int k = 0) const;
 
 private:
     mgl::tensor* weight(const std::string& name, std::vector<int64_t> shape);
@@ -117,10 +128,20 @@ private:
                                  mgl::tensor* x, const ForwardBatch& batch) const;
     // Router of layer L for the normed FFN input x: ids [T, k] i32, and probs [T, E].
     mgl::tensor* build_router(mgl::context& ctx, const Deepseek2Layer& L, int64_t il,
-                              mgl::tensor* x, mgl::tensor*& probs) const;
+                              mgl::tensor* x, mgl::tensor*& probs,
+                              const mgl::moe_route_params& route) const;
+    // A MoE layer's FFN; `fetch` carries the expert fetch from one MoE layer to the next: the
+    // table the layer's fetch takes (a prefetch's alias, or null: the layer's own), and what
+    // the layer leaves for the next one's prefetch (its fetch and the ids it reads).
+    struct FetchChain {
+        mgl::tensor* table = nullptr;
+        mgl::tensor* last_fetch = nullptr;
+        mgl::tensor* last_ids = nullptr;
+        mgl::tensor* last_weights = nullptr;
+    };
     mgl::tensor* build_ffn(mgl::context& ctx, const Deepseek2Layer& L, int64_t il, mgl::tensor* x,
-                           const ForwardBatch& batch, size_t moe_index,
-                           ForwardResult& result) const;
+                           const ForwardBatch& batch, size_t moe_index, ForwardResult& result,
+                           FetchChain& fetch) const;
 
     const mds::MdsFile& file_;
     ModelConfig cfg_;

@@ -98,7 +98,20 @@ void ExpertOffload::attach(Session& session) {
                                     : nullptr,
                              state_ ? std::function<const int32_t*(int64_t)>(
                                           [this](int64_t n) { return queue_fill_log(n); })
-                                    : nullptr);
+                                    : nullptr,
+                             prefetch_);
+}
+
+void ExpertOffload::set_prefetch(int32_t n) {
+    if (n < 0 || n > top_k_)
+        throw std::invalid_argument("--expert-prefetch: expected 0 to " + std::to_string(top_k_) +
+                                    " experts per layer (the model's top-k), found " +
+                                    std::to_string(n));
+    if (n > 0 && (!state_ || staging_))
+        throw std::invalid_argument(
+            "--expert-prefetch: prefetch needs the device fetch (--expert-cache-fetch device) "
+            "and a host store the GPU reads (not the staging store)");
+    prefetch_ = n;
 }
 
 ExpertOffload::~ExpertOffload() {

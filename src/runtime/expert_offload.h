@@ -57,6 +57,12 @@ struct OffloadStats {
     // a step, the replay of its routing after it, the table uploads): on the path between the
     // step's wait and the next launch, where the GPU idles.
     uint64_t host_ns = 0;
+    // Prefetch (device fetch): experts a layer's prefetch filled for the next MoE layer, and of
+    // those, the ones that layer then read in the same step (the rest were wasted). Their
+    // bytes are in fills and bytes_filled too.
+    int64_t prefetches = 0;
+    int64_t prefetch_used = 0;
+    int64_t prefetch_wasted() const { return prefetches - prefetch_used; }
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
     // Bytes over the host link: fills and reads in place.
     uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place; }
@@ -70,7 +76,9 @@ struct OffloadStats {
                 reads_in_place - earlier.reads_in_place,
                 bytes_read_in_place - earlier.bytes_read_in_place,
                 fetch_ns - earlier.fetch_ns,
-                host_ns - earlier.host_ns};
+                host_ns - earlier.host_ns,
+                prefetches - earlier.prefetches,
+                prefetch_used - earlier.prefetch_used};
     }
 };
 
@@ -100,6 +108,11 @@ public:
     // Hooks itself into the session: after_step() after every eval and, with the device fetch,
     // the fetch state and before_step() before it.
     void attach(Session& session);
+    // Prefetch (device fetch, not the staging store): each MoE layer of a decode step but the
+    // last fills up to `n` of the next MoE layer's predicted experts (ForwardBatch::
+    // expert_prefetch); 0 turns it off. Takes effect at the next attach().
+    void set_prefetch(int32_t n);
+    int32_t prefetch() const { return prefetch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
     void before_step(int64_t n_tokens);
     // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
@@ -170,6 +183,7 @@ private:
     std::vector<std::vector<int64_t>> shadow_;  // per MoE layer: what its table holds
     OffloadStats stats_;
     int32_t top_k_ = 1;
+    int32_t prefetch_ = 0;
     // Device fetch: the state mgl::expert_fetch reads (header, fill log, tables, homes,
     // victims, slot keys; expert_offload.cpp lays them out), the victims offered to the step
     // and the host copy of the header's counters they are uploaded from.

@@ -134,8 +134,11 @@ void ExpertOffload::setup_device_fetch() {
 void ExpertOffload::before_step(int64_t n_tokens) {
     if (!state_) return;
     const int64_t L = config_.n_layers, E = config_.n_experts;
-    // At most one fill per distinct expert a layer uses.
-    const int64_t most = L * std::min<int64_t>(E, n_tokens * top_k_);
+    // At most one fill per distinct expert a layer uses, and in a decoded token's step (the
+    // only one with prefetch: Deepseek2Model::build_forward) the prefetches of every MoE layer
+    // but the first; never more than one per key (a prefetched expert is its layer's hit).
+    const int64_t most = std::min<int64_t>(L * E, L * std::min<int64_t>(E, n_tokens * top_k_) +
+                                                      (n_tokens == 1 ? (L - 1) * prefetch_ : 0));
     const bool prompt = n_tokens * top_k_ >= E;
     if (staging_) {
         // No miss may stay home (the device cannot read it there), so `most` victims, the
@@ -231,7 +234,25 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const auto* log = reinterpret_cast<const int32_t*>(words + at.fill_log);
     int64_t f = 0;
     std::vector<int64_t> uses(static_cast<size_t>(E));
+    std::vector<char> prefetched(static_cast<size_t>(E));
     for (int32_t l = 0; l < L; ++l) {
+        // The layer's prefetch ran before its fetch (after the previous layer's): its fills come
+        // first, marked, in increasing expert order. Loaded without a use; the layer's own
+        // reads below find them in their slots.
+        std::fill(prefetched.begin(), prefetched.end(), 0);
+        while (f < h.n_fills && (log[2 * f] & mgl::expert_fetch_prefetched) &&
+               (log[2 * f] & ~mgl::expert_fetch_prefetched) / E == l) {
+            const int32_t key = log[2 * f] & ~mgl::expert_fetch_prefetched, slot = log[2 * f + 1];
+            ++f;
+            if (slot < 0 || slot >= config_.n_slots || slot_key_[size_t(slot)] == key)
+                throw std::logic_error("expert cache: the device's prefetch log is out of range");
+            occupy(slot, key);
+            cache_->place(l, key % E, slot);
+            prefetched[size_t(key % E)] = 1;
+            ++stats_.fills;
+            ++stats_.prefetches;
+            stats_.bytes_filled += blob_bytes_;
+        }
         std::fill(uses.begin(), uses.end(), 0);
         for (int64_t i = 0; i < per_layer; ++i) {
             const int32_t e = r.ids[size_t(int64_t(l) * per_layer + i)];
@@ -264,6 +285,7 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
                 continue;
             } else {
                 stats_.hits += u;
+                if (prefetched[size_t(e)]) ++stats_.prefetch_used;
             }
             for (int64_t i = 0; i < hits; ++i) {
                 if (cache_->access(l, e, {}, false).outcome != routing::AccessResult::hit)

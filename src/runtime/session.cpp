@@ -51,9 +51,10 @@ void Session::set_routing_override(RoutingOverride f) {
 
 void Session::set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
                                std::function<void(int64_t)> prepare,
-                               std::function<const int32_t*(int64_t)> collect) {
+                               std::function<const int32_t*(int64_t)> collect, int prefetch) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
+    expert_prefetch_ = state ? prefetch : 0;
     expert_stage_ = state ? stage : nullptr;
     expert_fetch_prepare_ = std::move(prepare);
     expert_fetch_collect_ = std::move(collect);
@@ -98,6 +99,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.routing_weights = s->routing_weights;
     batch.expert_fetch = expert_fetch_;
     batch.expert_stage = expert_stage_;
+    batch.expert_prefetch = expert_prefetch_;
     s->out = model_.build_forward(s->ctx, batch);
 
     // The routers' choices are outputs too: kept for the routing observer, and computed even
@@ -105,7 +107,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     std::vector<mgl::tensor*> outputs{s->out.logits};
     outputs.insert(outputs.end(), s->out.router_ids.begin(), s->out.router_ids.end());
     outputs.insert(outputs.end(), s->out.router_weights.begin(), s->out.router_weights.end());
-    s->graph = mgl::build_graph(s->ctx, outputs);
+    s->graph = mgl::build_graph(s->ctx, outputs, s->out.schedule);
     if (keep_named) {
         // Every named computed node becomes an output, so none is overwritten.
         for (mgl::tensor* n : s->graph.nodes) {
@@ -116,7 +118,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
                 std::find(outputs.begin(), outputs.end(), n) == outputs.end())
                 outputs.push_back(n);
         }
-        s->graph = mgl::build_graph(s->ctx, outputs);
+        s->graph = mgl::build_graph(s->ctx, outputs, s->out.schedule);
     }
     return s;
 }

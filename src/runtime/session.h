@@ -89,9 +89,11 @@ public:
     // layer's T · k, back to back), which spares the session one download per layer, or null
     // when it does not log them. A null state turns it off. `stage`: the staging store's
     // (mgl::expert_fetch), or null. Re-records the decode graph.
+    // `prefetch`: ForwardBatch::expert_prefetch of the decode graph (0: none).
     void set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
                           std::function<void(int64_t n_tokens)> prepare,
-                          std::function<const int32_t*(int64_t n_tokens)> collect = nullptr);
+                          std::function<const int32_t*(int64_t n_tokens)> collect = nullptr,
+                          int prefetch = 0);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // Decode steps go through the recorded graph (default). false records a fresh graph for
@@ -148,6 +150,7 @@ private:
     RoutingObserver expert_cache_hook_;
     RoutingOverride routing_override_;
     mgl::tensor* expert_fetch_ = nullptr;
+    int expert_prefetch_ = 0;
     mgl::tensor* expert_stage_ = nullptr;
     std::function<void(int64_t)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
