@@ -38,6 +38,7 @@ struct BenchOptions {
     std::vector<std::string> sweep_policies;
     std::vector<std::string> sweep_admit;
     std::vector<std::string> sweep_fetch;
+    std::vector<int> sweep_prefetch;
 };
 
 struct BenchRow {
@@ -54,12 +55,15 @@ struct PhaseRow {
     int64_t slots = 0;
     std::string policy, admit;
     std::string fetch;  // device, host, or host with a copy stream
+    int prefetch = 0;   // --expert-prefetch
     int64_t n_prompt = 0, n_gen = 0;
     double ttft_s = 0.0, tg_tok_s = 0.0;
     double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
     double mib_filled_per_token = 0.0;  // decode: copies into slots
     double mib_link_per_token = 0.0;    // decode: copies + reads in place over the host link
     double link_floor_tok_s = 0.0;      // the host link's bandwidth / those bytes (0: unknown)
+    double prefetched_per_token = 0.0;  // decode: experts prefetched (their bytes are filled)
+    double prefetch_used = 0.0;         // of those, the share their layer then read
     // decode: ms per token the MoE layers waited on the device fetch (-1: not timed, host fetch)
     double fetch_wait_ms = -1.0;
     double fetch_wait_share() const {  // of the decode step's time
@@ -135,6 +139,7 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.fetch = cache.uses_device_fetch()  ? "device"
                    : cache.uses_copy_stream() ? "host, copy stream"
                                               : "host";
+        ph.prefetch = cache.prefetch();
         const auto prompt =
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);
@@ -162,17 +167,21 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.mib_link_per_token = double(decode.bytes_over_link()) * per_token;
         if (link_gbs > 0.0 && ng > 0 && decode.bytes_over_link() > 0)
             ph.link_floor_tok_s = link_gbs * 1e9 * double(ng) / double(decode.bytes_over_link());
+        if (ng > 0) ph.prefetched_per_token = double(decode.prefetches) / double(ng);
+        if (decode.prefetches > 0)
+            ph.prefetch_used = double(decode.prefetch_used) / double(decode.prefetches);
         if (cache.uses_device_fetch() && std::string(m.backend->name()) != "cpu" && ng > 0)
             ph.fetch_wait_ms = double(decode.fetch_ns) / 1e6 / double(ng);
         std::fprintf(
             stderr,
-            "minids bench: expert cache %lld slots %s admit %s fetch %s, %-20s first token %.3f s, "
-            "tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
-            "%.1f MiB over the link per token, waiting on the fetch %s ms per token, host "
-            "bookkeeping %.1f us per token\n",
-            (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), name,
-            ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
-            ph.mib_link_per_token,
+            "minids bench: expert cache %lld slots %s admit %s fetch %s prefetch %d, %-20s first "
+            "token %.3f s, tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
+            "%.1f MiB over the link per token, %.2f prefetched per token (%.1f%% used), waiting on "
+            "the fetch %s ms per token, host bookkeeping %.1f us per token\n",
+            (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), ph.prefetch,
+            name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
+            ph.mib_filled_per_token, ph.mib_link_per_token, ph.prefetched_per_token,
+            100.0 * ph.prefetch_used,
             ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
             ng > 0 ? double(decode.host_ns) / 1e3 / double(ng) : 0.0);
         phases.push_back(ph);
@@ -196,12 +205,12 @@ int bench(BenchOptions o) {
         // The plan must hold the largest pool of the sweep.
         o.model.expert_cache_slots = *std::max_element(o.sweep_slots.begin(), o.sweep_slots.end());
     }
-    const bool sweep_settings =
-        !o.sweep_policies.empty() || !o.sweep_admit.empty() || !o.sweep_fetch.empty();
+    const bool sweep_settings = !o.sweep_policies.empty() || !o.sweep_admit.empty() ||
+                                !o.sweep_fetch.empty() || !o.sweep_prefetch.empty();
     if (sweep_settings && !o.model.expert_cache_requested())
         throw UserError(
-            "--sweep-policies, --sweep-admit and --sweep-fetch need the expert cache: add "
-            "--vram-budget, --expert-cache-slots or --sweep-slots");
+            "--sweep-policies, --sweep-admit, --sweep-fetch and --sweep-prefetch need the expert "
+            "cache: add --vram-budget, --expert-cache-slots or --sweep-slots");
     LoadedModel m = load_model(o.model, "bench");
     if (!m.expert_cache && sweep_settings)
         std::fprintf(stderr, "minids bench: every expert fits the budget: no cache to sweep\n");
@@ -272,7 +281,12 @@ int bench(BenchOptions o) {
         if (gpu)
             std::fprintf(stderr, "minids bench: host-to-device bandwidth %.1f GB/s\n", link_gbs);
         routing::CacheConfig base = m.expert_cache->config();
-        std::vector<std::pair<routing::CacheConfig, std::string>> configs;  // with the fetch
+        struct Setting {
+            routing::CacheConfig cache;
+            std::string fetch;
+            int prefetch = 0;
+        };
+        std::vector<Setting> configs;
         const std::vector<int64_t> slot_list =
             o.sweep_slots.empty() ? std::vector<int64_t>{base.n_slots} : o.sweep_slots;
         const std::vector<std::string> policy_list =
@@ -284,6 +298,8 @@ int bench(BenchOptions o) {
         const std::vector<std::string> fetch_list =
             o.sweep_fetch.empty() ? std::vector<std::string>{o.model.expert_cache_fetch}
                                   : o.sweep_fetch;
+        const std::vector<int> prefetch_list =
+            o.sweep_prefetch.empty() ? std::vector<int>{o.model.expert_prefetch} : o.sweep_prefetch;
         for (int64_t n : slot_list) {
             for (const std::string& p : policy_list) {
                 for (const std::string& a : admit_list) {
@@ -300,18 +316,28 @@ int bench(BenchOptions o) {
                                          a.c_str());
                             continue;
                         }
-                        configs.push_back({cc, f});
+                        for (int pf : prefetch_list) {
+                            if (pf > 0 && f == "host") {
+                                std::fprintf(stderr,
+                                             "minids bench: sweep: prefetch needs the device "
+                                             "fetch; skipping prefetch %d with the host fetch\n",
+                                             pf);
+                                continue;
+                            }
+                            configs.push_back({cc, f, pf});
+                        }
                     }
                 }
             }
         }
         const bool sweeping = !o.sweep_slots.empty() || sweep_settings;
-        for (const auto& [cc, fetch] : configs) {
+        for (const auto& [cc, fetch, prefetch] : configs) {
             if (sweeping) {
                 // A fresh cache per setting: the old one's slots are freed first.
                 m.expert_cache.reset();
                 ModelFlags flags = o.model;
                 flags.expert_cache_fetch = fetch;
+                flags.expert_prefetch = prefetch;
                 if (fetch == "device") flags.expert_cache_copy_stream = false;
                 m.expert_cache = make_expert_cache(m, cc, flags, "bench sweep: ");
                 attach_expert_cache(m, session);
@@ -366,6 +392,9 @@ int bench(BenchOptions o) {
                            {"policy", ph.policy},
                            {"admit", ph.admit},
                            {"fetch", ph.fetch},
+                           {"prefetch", ph.prefetch},
+                           {"tg_prefetched_per_token", ph.prefetched_per_token},
+                           {"tg_prefetch_used_share", ph.prefetch_used},
                            {"ttft_s", ph.ttft_s},
                            {"tg_ts", ph.tg_tok_s},
                            {"prompt_hit_rate", ph.prompt_hit_rate},
@@ -406,24 +435,30 @@ int bench(BenchOptions o) {
             std::printf("\nexpert cache: %s pool%s\n\n", cc.per_layer ? "per-layer" : "global",
                         cc.per_layer ? "s" : "");
             std::printf(
-                "| slots | policy | admit | fetch | phase | prompt | first token s | tg | tg t/s | "
-                "link "
-                "floor t/s | hit rate prompt | hit rate tg | MiB filled / token | MiB over link / "
-                "token | fetch wait ms / token | fetch wait share |\n");
+                "| slots | policy | admit | fetch | prefetch | phase | prompt | first token s | tg "
+                "| "
+                "tg t/s | link floor t/s | hit rate prompt | hit rate tg | MiB filled / token | "
+                "MiB over link / token | prefetched / token (used) | fetch wait ms / token | fetch "
+                "wait share |\n");
             std::printf(
-                "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-                "---: | ---: | ---: | ---: |\n");
+                "| ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | "
+                "---: | ---: | ---: | ---: | ---: | ---: |\n");
             for (const PhaseRow& ph : phases) {
                 const bool timed = ph.fetch_wait_share() >= 0;
+                const std::string prefetched =
+                    ph.prefetch > 0 ? fmt("%.2f", ph.prefetched_per_token) + " (" +
+                                          fmt("%.0f%%", 100.0 * ph.prefetch_used) + ")"
+                                    : "-";
                 std::printf(
-                    "| %lld | %s | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | %.3f | "
-                    "%.1f | %.1f | %s | %s |\n",
+                    "| %lld | %s | %s | %s | %d | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | "
+                    "%.3f | %.1f | %.1f | %s | %s | %s |\n",
                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(),
-                    ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s, (long long)ph.n_gen,
-                    ph.tg_tok_s,
+                    ph.prefetch, ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s,
+                    (long long)ph.n_gen, ph.tg_tok_s,
                     ph.link_floor_tok_s > 0 ? fmt("%.1f", ph.link_floor_tok_s).c_str() : "-",
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,
-                    ph.mib_link_per_token, timed ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
+                    ph.mib_link_per_token, prefetched.c_str(),
+                    timed ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
                     timed ? fmt("%.1f%%", 100.0 * ph.fetch_wait_share()).c_str() : "-");
             }
         }
@@ -477,6 +512,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                     "separated (host, device; device only with admission all)")
         ->delimiter(',')
         ->check(CLI::IsMember({"host", "device"}));
+    cmd->add_option("--sweep-prefetch", opts->sweep_prefetch,
+                    "expert cache: run the four offload phases once per --expert-prefetch "
+                    "count, comma-separated (0: off; not with the host fetch)")
+        ->delimiter(',')
+        ->check(CLI::Range(0, 64));
     cmd->add_option("--sweep-policies", opts->sweep_policies,
                     "expert cache: run the four offload phases once per policy, comma-separated "
                     "(lru, lfu, decay)")

@@ -88,6 +88,13 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "auto (device wherever it applies, else host)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "host", "device"}));
+    cmd.add_option("--expert-prefetch", f.expert_prefetch,
+                   "device fetch: while a MoE layer's experts run, fill up to N of the next MoE "
+                   "layer's experts, predicted by that layer's router applied to this layer's "
+                   "input, so their copies overlap compute (decode only; 0: off; at most the "
+                   "model's experts per token)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 64));
     cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
                    "one slot pool for all MoE layers (global) or a fixed share per layer "
                    "(per-layer)")
@@ -225,11 +232,13 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
                                                  const ModelFlags& flags,
                                                  const std::string& context) {
     try {
-        return std::make_unique<ExpertOffload>(
+        auto cache = std::make_unique<ExpertOffload>(
             *m.model, *m.backend, config,
             flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr,
             device_fetch(flags, config));
-    } catch (const std::invalid_argument& e) {  // its messages start "expert cache: "
+        cache->set_prefetch(flags.expert_prefetch);
+        return cache;
+    } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());
     }
 }
@@ -254,6 +263,12 @@ std::string expert_cache_summary(const LoadedModel& m) {
     if (m.expert_cache->uses_device_fetch() && st.fetch_ns > 0 && st.steps > 0) {
         std::snprintf(s, sizeof s, ", %.1f ms waiting on the fetch (%.3f ms per step)",
                       double(st.fetch_ns) / 1e6, double(st.fetch_ns) / 1e6 / double(st.steps));
+        out += s;
+    }
+    if (st.prefetches > 0) {
+        std::snprintf(s, sizeof s, ", %lld prefetched (%lld used, %lld wasted)",
+                      (long long)st.prefetches, (long long)st.prefetch_used,
+                      (long long)st.prefetch_wasted());
         out += s;
     }
     // The cache's host work between a step's wait and the next launch (the GPU idles).
