@@ -243,6 +243,11 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --sweep-slots 208 ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
+        # Prefetch (--expert-prefetch N: each MoE layer fills N of the next layer's predicted
+        # experts on a side stream beside its own experts): off, 1 and 2 in one process.
+        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
+            --sweep-prefetch 0,1,2 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
+        say "offload 12GiB, prefetch 0/1/2: rc=$?"
         # The staging store (the fallback when nothing can be registered): every miss copied by
         # the host into pinned buffers, then by the device into its slot.
         MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
@@ -272,7 +277,7 @@ bench_model() {  # $1 = expert dtype
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
-            "$OUT/bench_offload_12g_staging.md"; do
+            "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi
