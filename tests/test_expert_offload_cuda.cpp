@@ -280,7 +280,7 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             const OffloadStats& st = offload.stats();
             stats_of[v] = st;
             MESSAGE("CUDA expert offload, prefetch "
-                    << prefetch << " (" << names[v] << "), "
+                    << prefetch << " (" << std::string(names[v]) << "), "
                     << std::string(routing::policy_name(policy)) << " " << slots
                     << " of 160 slots: worst "
                     << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
