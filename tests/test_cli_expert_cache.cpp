@@ -51,6 +51,14 @@ TEST_CASE("cli expert cache: the same text with most experts out of the cache, a
     CHECK(fetched.out == plain.out);
     CHECK(fetched.err.find("misses fetched into slots by the step") != std::string::npos);
     CHECK(fetched.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
+    // Prefetch (device fetch): the same text, and its counters after the answer.
+    std::vector<std::string> prefetch = device;
+    prefetch.insert(prefetch.end(), {"--expert-prefetch", "2"});
+    const CliResult pre = run_minids(prefetch);
+    INFO("stderr: " << pre.err);
+    CHECK(pre.status == 0);
+    CHECK(pre.out == plain.out);
+    CHECK(pre.err.find(" prefetched (") != std::string::npos);
     std::vector<std::string> per_layer = base;
     per_layer.insert(per_layer.end(),
                      {"--expert-cache-slots", "20", "--expert-cache-pools", "per-layer"});
@@ -77,6 +85,11 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
                         "--expert-cache-admit", "frequency"}),
                   "lru keeps no counts");
     check_refused(with({"--expert-cache-admit", "sometimes"}), "sometimes");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-cache-fetch", "host",
+                        "--expert-prefetch", "1"}),
+                  "prefetch needs the device fetch");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch", "5"}),
+                  "expected 0 to 4 experts per layer");
 }
 
 TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases") {
@@ -134,6 +147,23 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
         for (int i = 0; i < 4; ++i) expected_fetches.push_back(f);
     CHECK(fetches == expected_fetches);
     CHECK(fe.err.find("skipping it with admission frequency") != std::string::npos);
+    // Prefetch counts: the four phases once per count, the used share within [0, 1].
+    const CliResult pf =
+        run_minids({"bench", "-m", demo(), "--cpu", "--sweep-slots", "24", "--sweep-prefetch",
+                    "0,2", "-p", "16", "-n", "8", "-r", "1", "-o", "json"});
+    INFO("stderr: " << pf.err);
+    REQUIRE(pf.status == 0);
+    std::vector<int> counts;
+    double prefetched = 0.0;
+    for (const auto& row : nlohmann::json::parse(pf.out)) {
+        if (!row.contains("prefetch")) continue;
+        counts.push_back(row.at("prefetch").get<int>());
+        prefetched += row.at("tg_prefetched_per_token").get<double>();
+        CHECK(row.at("tg_prefetch_used_share").get<double>() >= 0.0);
+        CHECK(row.at("tg_prefetch_used_share").get<double>() <= 1.0);
+    }
+    CHECK(counts == std::vector<int>{0, 0, 0, 0, 2, 2, 2, 2});
+    CHECK(prefetched > 0.0);
     INFO("stderr: " << r.err);
     REQUIRE(r.status == 0);
     // Four phases for each of the four settings, in slot-major order, each with its counters.
