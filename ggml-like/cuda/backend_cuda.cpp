@@ -121,7 +121,6 @@ public:
           replay_timing_(env_flag("MINIDS_CUDA_REPLAY_TIMER", false)),
           fusions_(fusion_switches_from_env(o.fuse)),
           stream_((use_device(), cuda::stream())),
-
           cublas_(stream_.get(), size_t(32) << 20),
           error_record_(sizeof(device_error)) {
         *host_error() = device_error{};

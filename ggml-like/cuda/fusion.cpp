@@ -504,8 +504,7 @@ private:
 
     // Whether the backend emits a step at n (its fused members run in it).
     bool runs_step(const tensor* n) const {
-        if (p_.skipped.count(n) || n->op_kind == op::none || n->op_kind == op::view) return false;
-        return true;
+        return !p_.skipped.count(n) && n->op_kind != op::none && n->op_kind != op::view;
     }
 
     // What n's step reads: its sources and those of the nodes fused into it.
