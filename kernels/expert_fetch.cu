@@ -32,6 +32,41 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
     plan_fetch(p, s, global_ns());  // the routing is done: from here the layer waits
 }
 
+// The prefetch's fills (this launch's plan logged them) as requests to the host's proxy: each
+// request, then `posted`, made visible to the host in that order.
+__device__ void post_prefetches(mgl::expert_fetch_header* h) {
+    auto* ring = reinterpret_cast<mgl::expert_prefetch_ring*>(h->proxy_ring);
+    const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
+    int64_t posted = h->proxy_posted;
+    for (int64_t f = h->layer_fills; f < h->n_fills; ++f, ++posted) {
+        mgl::expert_prefetch_request& r = ring->requests[posted % ring->capacity];
+        r.key = fill_log[2 * f] & ~mgl::expert_fetch_prefetched;
+        r.slot = fill_log[2 * f + 1];
+    }
+    __threadfence_system();
+    *reinterpret_cast<volatile int64_t*>(&ring->posted) = posted;
+    h->proxy_posted = posted;
+}
+
+// Every thread of the block returns once the proxy has landed every posted prefetch (the host's
+// copy stream writes `proxy_done` after each copy), or after 2 s: then the proxy is gone, the
+// error is flagged for the host (it fails the step) and the kernels go on with what they have.
+__device__ void wait_for_prefetches(const mgl::expert_fetch_header* h) {
+    if (threadIdx.x == 0) {
+        const int64_t posted = *reinterpret_cast<const volatile int64_t*>(&h->proxy_posted);
+        const auto* landed = reinterpret_cast<const volatile int64_t*>(&h->proxy_done);
+        const int64_t give_up = global_ns() + 2'000'000'000;
+        while (*landed < posted) {
+            if (global_ns() > give_up) {
+                const_cast<mgl::expert_fetch_header*>(h)->proxy_error = 1;
+                break;
+            }
+            __nanosleep(200);
+        }
+    }
+    __syncthreads();
+}
+
 // Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
 // is host memory across PCIe, whose latency only parallelism hides.
 template <int Threads, int Unroll>
@@ -75,6 +110,15 @@ __global__ void __launch_bounds__(Threads) fetch_copy_kernel(ExpertFetchParams p
     // The expert kernels after it may be scheduled now (they wait for this grid in turn).
     if constexpr (!EarlyDependents) pdl_launch_dependents();
     const mgl::expert_fetch_header* h = p.state;
+    if (h->proxy_ring) {
+        if (p.prefetch) {  // the copy engines copy it: post the fills to the host's proxy
+            if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) post_prefetches(p.state);
+            return;
+        }
+        // A miss may take a slot that an earlier prefetch's copy is still writing, and this
+        // layer's experts may be such copies: nothing is copied or read before they all landed.
+        wait_for_prefetches(p.state);
+    }
     const int64_t f = h->layer_fills + blockIdx.y;
     if (f >= h->n_fills) return;
     const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);

@@ -137,6 +137,7 @@ public:
     }
     bool done(uint64_t f) override { return ticks_ >= ready_at_.at(size_t(f - 1)); }
     void drain() override { ticks_ = INT64_MAX / 2; }
+    void signal(int64_t* word, int64_t value) override { *word = value; }  // (CPU memory)
     void tick() { ++ticks_; }
 
 private:

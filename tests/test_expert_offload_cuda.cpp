@@ -252,15 +252,18 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        const char* names[3] = {"side stream, replayed", "one stream, replayed",
-                                "side stream, eager"};
-        std::vector<std::vector<float>> logits_of[3];
-        OffloadStats stats_of[3];
-        for (int v = 0; v < 3; ++v) {
+        const char* names[4] = {"side stream, replayed", "one stream, replayed",
+                                "side stream, eager", "copy engines, replayed"};
+        std::vector<std::vector<float>> logits_of[4];
+        OffloadStats stats_of[4];
+        for (int v = 0; v < 4; ++v) {
             CAPTURE(std::string(names[v]));
             TestModel& m = v == 1 ? offloaded_serial : offloaded;
             ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
-            offload.set_prefetch(prefetch);
+            // The copy engines: the prefetch's copies issued by the host's proxy thread, each
+            // layer's fetch waiting for them (the fetch's copy kernel otherwise).
+            offload.set_prefetch(prefetch, v == 3);
+            CHECK(offload.prefetch_by_copy_engines() == (v == 3));
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
@@ -291,7 +294,7 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             CHECK(st.prefetch_used > 0);
             CHECK(st.prefetch_used <= st.prefetches);
         }
-        for (int v = 1; v < 3; ++v) {
+        for (int v = 1; v < 4; ++v) {
             CAPTURE(std::string(names[v]));
             CHECK(logits_of[v] == logits_of[0]);
             CHECK(stats_of[v].hits == stats_of[0].hits);

@@ -1,6 +1,8 @@
 // The CUDA backend: device and pinned buffers, host registration, copies on one stream,
 // allocate() (memory plan, fusions, kernel parameters, workspaces) and compute() (eager, or a
 // captured CUDA graph replayed for graphs marked reusable).
+#include <cuda.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -80,6 +82,25 @@ public:
         CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
         pending_.clear();
         completed_ = fences_;
+    }
+
+    // The driver's stream memory operation (cuStreamWriteValue64), found at run time so that the
+    // binary needs no link to the driver library (a machine without a GPU still starts it).
+    void signal(int64_t* word, int64_t value) override {
+        using write_value_fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+        static const write_value_fn write_value = [] {
+            void* fn = nullptr;
+            cudaDriverEntryPointQueryResult found{};
+            CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000,
+                                                        cudaEnableDefault, &found));
+            if (found != cudaDriverEntryPointSuccess || !fn)
+                throw error("CUDA: the driver has no cuStreamWriteValue64");
+            return reinterpret_cast<write_value_fn>(fn);
+        }();
+        const CUresult r = write_value(stream_.get(), reinterpret_cast<CUdeviceptr>(word),
+                                       cuuint64_t(value), CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (r != CUDA_SUCCESS)
+            throw error("CUDA: cuStreamWriteValue64 failed (error " + std::to_string(int(r)) + ")");
     }
 
 private:

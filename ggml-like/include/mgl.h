@@ -187,7 +187,31 @@ struct expert_fetch_header {
     // in one copy instead of one per layer.
     int64_t id_log = 0;
     int64_t id_log_stride = 0;
+    // Prefetch by the copy engines (a device backend; 0: the fetch's copy kernel copies a
+    // prefetch like a miss): the address of an expert_prefetch_ring in host memory the device
+    // can write, whose requests a host thread turns into copies on a stream of its own
+    // (ExpertOffload's prefetch proxy, docs/expert-cache.md). Kept across steps, never zeroed:
+    int64_t proxy_ring = 0;
+    int64_t proxy_posted = 0;  // requests the prefetches posted so far (the device advances it)
+    int64_t proxy_done = 0;    // requests whose copy has landed (the host's copy stream writes it)
+    int64_t proxy_error = 0;   // 1: a fetch gave up waiting for the copies (the proxy is gone)
 };
+// One prefetch the device asks the host to copy: expert `key` into slot `slot`.
+struct expert_prefetch_request {
+    int32_t key = 0, slot = 0;
+};
+// The requests ring: request i (counted from 0 since the cache began) is at i % capacity; the
+// device writes the request, then `posted` = i + 1 (release, system scope). The device never
+// has more than `capacity` requests unserved (each layer's fetch waits for the earlier ones).
+struct expert_prefetch_ring {
+    int64_t posted = 0;
+    int64_t capacity = 0;
+    expert_prefetch_request requests[1];  // [capacity]
+};
+inline constexpr size_t expert_prefetch_ring_bytes(int64_t capacity) {
+    return offsetof(expert_prefetch_ring, requests) +
+           size_t(capacity) * sizeof(expert_prefetch_request);
+}
 // The header's words a host sets before every step: the counters, n_victims to fetch_t1.
 inline constexpr size_t expert_fetch_counter_words =
     offsetof(expert_fetch_header, n_layers) / sizeof(int64_t);
@@ -475,6 +499,9 @@ public:
     virtual bool done(uint64_t fence) = 0;
     // Waits for every queued copy.
     virtual void drain() = 0;
+    // Queues a write of `value` to the 8-byte word at `word` (backend memory), done once every
+    // copy queued before it has landed: a signal that the backend's kernels can poll.
+    virtual void signal(int64_t* word, int64_t value) = 0;
 };
 
 // Memory for the intermediates of graphs. It only grows: when a larger graph is allocated into

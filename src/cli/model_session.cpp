@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <sstream>
@@ -228,6 +229,16 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 
 }  // namespace
 
+// MINIDS_PREFETCH_COPY=engines: prefetched experts copied by the copy engines through the host's
+// prefetch proxy instead of the fetch's copy kernel (being measured: docs/expert-cache.md).
+static bool prefetch_by_copy_engines() {
+    const char* v = std::getenv("MINIDS_PREFETCH_COPY");
+    if (!v || !*v || std::string(v) == "kernel") return false;
+    if (std::string(v) == "engines") return true;
+    throw UserError(std::string("MINIDS_PREFETCH_COPY: expected kernel or engines, found '") + v +
+                    "'");
+}
+
 std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
                                                  const routing::CacheConfig& config,
                                                  const ModelFlags& flags,
@@ -237,7 +248,7 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
             *m.model, *m.backend, config,
             flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr,
             device_fetch(flags, config));
-        cache->set_prefetch(flags.expert_prefetch);
+        cache->set_prefetch(flags.expert_prefetch, prefetch_by_copy_engines());
         return cache;
     } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());

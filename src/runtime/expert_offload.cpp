@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -102,7 +103,7 @@ void ExpertOffload::attach(Session& session) {
                              prefetch_);
 }
 
-void ExpertOffload::set_prefetch(int32_t n) {
+void ExpertOffload::set_prefetch(int32_t n, bool copy_engines) {
     if (n < 0 || n > top_k_)
         throw std::invalid_argument("--expert-prefetch: expected 0 to " + std::to_string(top_k_) +
                                     " experts per layer (the model's top-k), found " +
@@ -111,7 +112,37 @@ void ExpertOffload::set_prefetch(int32_t n) {
         throw std::invalid_argument(
             "--expert-prefetch: prefetch needs the device fetch (--expert-cache-fetch device) "
             "and a host store the GPU reads (not the staging store)");
+    if (n > 0 && copy_engines && !proxy_) {
+        const int32_t E = config_.n_experts, L = config_.n_layers;
+        auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
+        // At most one layer's prefetches are unserved (each fetch waits for the earlier ones).
+        proxy_ = std::make_unique<PrefetchProxy>(
+            backend_, std::max<int64_t>(E, 64), size_t(blob_bytes_), &state->proxy_done,
+            [this, E, L](int32_t key, int32_t slot) {
+                if (key < 0 || key >= L * E || slot < 0 || slot >= config_.n_slots)
+                    throw std::logic_error("a request for expert " + std::to_string(key) +
+                                           " into slot " + std::to_string(slot) +
+                                           " is out of range");
+                return std::pair<const void*, void*>(blob(key / E, key % E),
+                                                     reinterpret_cast<void*>(slot_address(slot)));
+            });
+        write_proxy_words();
+    } else if ((n == 0 || !copy_engines) && proxy_) {
+        backend_.synchronize();
+        proxy_->drain();
+        proxy_.reset();
+        write_proxy_words();
+    }
     prefetch_ = n;
+}
+
+void ExpertOffload::write_proxy_words() {
+    const int64_t served = proxy_ ? proxy_->served() : 0;
+    const int64_t words[4] = {proxy_ ? proxy_->ring_address() : 0, served, served, 0};
+    static_assert(offsetof(mgl::expert_fetch_header, proxy_error) ==
+                  offsetof(mgl::expert_fetch_header, proxy_ring) + 3 * sizeof(int64_t));
+    auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
+    backend_.copy_to_backend(&state->proxy_ring, words, sizeof words);
 }
 
 ExpertOffload::~ExpertOffload() {
@@ -128,6 +159,7 @@ ExpertOffload::~ExpertOffload() {
 void ExpertOffload::reset() {
     if (transfers_) transfers_->drain();
     backend_.synchronize();
+    if (proxy_) proxy_->drain();
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);
     fill_fence_.assign(fill_fence_.size(), 0);

@@ -35,6 +35,7 @@
 #include "mgl.h"
 #include "model/deepseek2.h"
 #include "routing/expert_cache.h"
+#include "runtime/prefetch_proxy.h"
 #include "runtime/session.h"
 
 namespace minids {
@@ -110,8 +111,12 @@ public:
     void attach(Session& session);
     // Prefetch (device fetch, not the staging store): each MoE layer of a decode step but the
     // last fills up to `n` of the next MoE layer's predicted experts (ForwardBatch::
-    // expert_prefetch); 0 turns it off. Takes effect at the next attach().
-    void set_prefetch(int32_t n);
+    // expert_prefetch); 0 turns it off. Takes effect at the next attach(). `copy_engines`: the
+    // prefetched experts are copied by the backend's copy engines, issued by a host thread that
+    // serves the device's requests (PrefetchProxy), instead of by the fetch's copy kernel; the
+    // next MoE layer's fetch waits for them.
+    void set_prefetch(int32_t n, bool copy_engines = false);
+    bool prefetch_by_copy_engines() const { return proxy_ != nullptr; }
     int32_t prefetch() const { return prefetch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
     void before_step(int64_t n_tokens);
@@ -168,6 +173,8 @@ private:
     void occupy(int32_t slot, int32_t key);
     // Forgets the fills whose fence has passed (their slots may be pointed at now).
     void settle_fills();
+    // Writes the header's proxy words: the ring (0 without a proxy) and the counts served so far.
+    void write_proxy_words();
 
     const WeightStore& store_;
     mgl::backend& backend_;
@@ -201,6 +208,9 @@ private:
     bool staging_ = false;
     mgl::buffer_ptr stage_buf_;
     mgl::tensor* stage_ = nullptr;
+    // Prefetch by the copy engines (set_prefetch): declared last so it stops, and its copies
+    // land, before the state and the slots are freed.
+    std::unique_ptr<PrefetchProxy> proxy_;
 };
 
 }  // namespace minids

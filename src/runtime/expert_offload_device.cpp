@@ -128,6 +128,7 @@ void ExpertOffload::setup_device_fetch() {
     auto* keys = reinterpret_cast<int32_t*>(init.data() + at.slot_keys);
     std::fill(keys, keys + S, -1);
     backend_.copy_to_backend(base, init.data(), init.size() * sizeof(int64_t));
+    if (proxy_) write_proxy_words();
     if (staging_) setup_stage();
 }
 
@@ -228,6 +229,10 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
+    if (h.proxy_error)
+        throw std::runtime_error(
+            "expert cache: a fetch gave up waiting for the prefetch proxy's copies");
+    if (proxy_) proxy_->check();
     if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
         h.next_victim > int64_t(victims_.size()))
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
