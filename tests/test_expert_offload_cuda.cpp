@@ -222,7 +222,8 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
     // stream beside the layer's expert kernels, joined before the next layer's fetch. The
     // logits must equal the resident model's, the device's tables the host's replay, and the
     // decisions (fills, prefetches, hits) those of the same graph on one stream (side_stream
-    // off: node order) and of graphs run eagerly instead of replayed, every step.
+    // off: node order), of graphs run eagerly instead of replayed, and of prefetch copies made
+    // by the copy engines through the host's proxy thread (MINIDS_PREFETCH_COPY=engines).
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
