@@ -248,6 +248,12 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
             --sweep-prefetch 0,1,2 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
         say "offload 12GiB, prefetch 0/1/2: rc=$?"
+        # The same with the prefetch copies made by the copy engines, issued by the host's proxy
+        # thread (MINIDS_PREFETCH_COPY=engines, experimental): 1 and 2.
+        MINIDS_PREFETCH_COPY=engines timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
+            --vram-budget 12GiB --sweep-prefetch 1,2 > "$OUT/bench_offload_12g_prefetch_engines.md" \
+            2> "$OUT/bench_offload_12g_prefetch_engines.log"
+        say "offload 12GiB, prefetch 1/2 by the copy engines: rc=$?"
         # The staging store (the fallback when nothing can be registered): every miss copied by
         # the host into pinned buffers, then by the device into its slot.
         MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
@@ -277,7 +283,8 @@ bench_model() {  # $1 = expert dtype
             grep -E '\| (pp|tg)[0-9]' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md): $line"; done
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
-            "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md"; do
+            "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md" \
+            "$OUT/bench_offload_12g_prefetch_engines.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi
