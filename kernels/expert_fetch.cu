@@ -33,7 +33,8 @@ __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchPar
 }
 
 // The prefetch's fills (this launch's plan logged them) as requests to the host's proxy: each
-// request, then `posted`, made visible to the host in that order.
+// request, then `posted`, made visible to the host in that order (the second fence: without
+// delay, the next layer's fetch waits for these copies).
 __device__ void post_prefetches(mgl::expert_fetch_header* h) {
     auto* ring = reinterpret_cast<mgl::expert_prefetch_ring*>(h->proxy_ring);
     const auto* fill_log = reinterpret_cast<const int32_t*>(h->fill_log);
@@ -45,6 +46,7 @@ __device__ void post_prefetches(mgl::expert_fetch_header* h) {
     }
     __threadfence_system();
     *reinterpret_cast<volatile int64_t*>(&ring->posted) = posted;
+    __threadfence_system();
     h->proxy_posted = posted;
 }
 
@@ -111,13 +113,13 @@ __global__ void __launch_bounds__(Threads) fetch_copy_kernel(ExpertFetchParams p
     if constexpr (!EarlyDependents) pdl_launch_dependents();
     const mgl::expert_fetch_header* h = p.state;
     if (h->proxy_ring) {
-        if (p.prefetch) {  // the copy engines copy it: post the fills to the host's proxy
+        if (p.prefetch && p.proxy) {  // the copy engines copy it: post the fills to the proxy
             if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) post_prefetches(p.state);
             return;
         }
         // A miss may take a slot that an earlier prefetch's copy is still writing, and this
         // layer's experts may be such copies: nothing is copied or read before they all landed.
-        wait_for_prefetches(p.state);
+        if (!p.prefetch) wait_for_prefetches(p.state);
     }
     const int64_t f = h->layer_fills + blockIdx.y;
     if (f >= h->n_fills) return;

@@ -294,6 +294,10 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             CHECK(st.prefetches > 0);
             CHECK(st.prefetch_used > 0);
             CHECK(st.prefetch_used <= st.prefetches);
+            // The copy engines made the replayed steps' prefetch copies (the first decode step
+            // runs eagerly, where the copy kernel makes them).
+            if (v == 3) CHECK(offload.prefetch_engine_copies() > 0);
+            if (v == 3) CHECK(offload.prefetch_engine_copies() <= int64_t(st.prefetches));
         }
         for (int v = 1; v < 4; ++v) {
             CAPTURE(std::string(names[v]));

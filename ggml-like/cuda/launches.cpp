@@ -318,6 +318,15 @@ void CUDART_CB serve_expert_stage(void* stage) {
     }
 }
 
+// A prefetch being captured into a graph may post its copies to the host's proxy
+// (kernels::ExpertFetchParams::proxy); run eagerly, it copies them itself.
+kn::ExpertFetchParams with_proxy(kn::ExpertFetchParams p, const exec_env& env) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(env.stream, &capturing));
+    p.proxy = p.prefetch && capturing == cudaStreamCaptureStatusActive;
+    return p;
+}
+
 // The fetch's plan and copy; with route_fetch (`planned`: its route step made the plan) the copy
 // alone. With a stage (the staging store): the plan, the host's copies into the stage (a host
 // node when captured), then the copy from the stage, launched after the host node as an ordinary
@@ -335,10 +344,12 @@ launch_step expert_fetch_step(const tensor& n, bool planned) {
                 }};
     }
     if (planned)
-        return {"expert_fetch(copy)", &n,
-                [p](const exec_env& env) { kn::expert_fetch_copy(with_pdl(p, env), env.stream); }};
-    return {"expert_fetch", &n,
-            [p](const exec_env& env) { kn::expert_fetch(with_pdl(p, env), env.stream); }};
+        return {"expert_fetch(copy)", &n, [p](const exec_env& env) {
+                    kn::expert_fetch_copy(with_proxy(with_pdl(p, env), env), env.stream);
+                }};
+    return {"expert_fetch", &n, [p](const exec_env& env) {
+                kn::expert_fetch(with_proxy(with_pdl(p, env), env), env.stream);
+            }};
 }
 
 launch_step kv_store_step(const tensor& n) {

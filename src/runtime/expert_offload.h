@@ -117,6 +117,8 @@ public:
     // next MoE layer's fetch waits for them.
     void set_prefetch(int32_t n, bool copy_engines = false);
     bool prefetch_by_copy_engines() const { return proxy_ != nullptr; }
+    // Prefetch copies the copy engines made so far (the proxy's; replayed decode graphs only).
+    int64_t prefetch_engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
     void before_step(int64_t n_tokens);

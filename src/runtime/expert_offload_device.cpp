@@ -229,10 +229,13 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
     const auto* words = static_cast<const int64_t*>(log_host_->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
+    if (proxy_) proxy_->check();
     if (h.proxy_error)
         throw std::runtime_error(
-            "expert cache: a fetch gave up waiting for the prefetch proxy's copies");
-    if (proxy_) proxy_->check();
+            "expert cache: a fetch gave up waiting for the prefetch proxy's copies (" +
+            std::to_string(h.proxy_posted) + " posted, " + std::to_string(h.proxy_done) +
+            " landed, " + std::to_string(proxy_ ? proxy_->served() : 0) + " issued" +
+            (proxy_ ? proxy_->slowest_issue() : std::string()) + ")");
     if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
         h.next_victim > int64_t(victims_.size()))
         throw std::logic_error("expert cache: the device fetch's counters are out of range");

@@ -40,6 +40,11 @@ void PrefetchProxy::check() const {
     if (!error_.empty()) throw std::runtime_error("expert cache, prefetch proxy: " + error_);
 }
 
+std::string PrefetchProxy::slowest_issue() const {
+    return ", slowest issue " +
+           std::to_string(slowest_issue_ns_.load(std::memory_order_relaxed) / 1000) + " us";
+}
+
 void PrefetchProxy::drain() {
     const int64_t posted = std::atomic_ref<int64_t>(ring()->posted).load(std::memory_order_acquire);
     while (served() < posted) {
@@ -72,8 +77,14 @@ void PrefetchProxy::run() {
             for (; served < posted; ++served) {
                 const mgl::expert_prefetch_request req = r->requests[served % capacity];
                 const auto [src, dst] = resolve_(req.key, req.slot);
+                const auto t0 = std::chrono::steady_clock::now();
                 queue_->copy(dst, src, bytes_);
                 queue_->signal(done_word_, served + 1);
+                const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - t0)
+                                       .count();
+                if (ns > slowest_issue_ns_.load(std::memory_order_relaxed))
+                    slowest_issue_ns_.store(ns, std::memory_order_relaxed);
                 served_.store(served + 1, std::memory_order_release);
             }
             last = std::chrono::steady_clock::now();

@@ -44,6 +44,8 @@ public:
     void check() const;
     // Waits until every request posted so far has been served and its copy has landed.
     void drain();
+    // ", slowest issue N us" (the longest a copy and its signal took to queue), for messages.
+    std::string slowest_issue() const;
 
 private:
     void run();
@@ -55,6 +57,7 @@ private:
     int64_t* done_word_;
     Resolve resolve_;
     std::atomic<int64_t> served_{0};
+    std::atomic<int64_t> slowest_issue_ns_{0};
     std::atomic<bool> stop_{false};
     mutable std::mutex error_mutex_;
     std::string error_;
