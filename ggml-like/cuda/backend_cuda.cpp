@@ -546,8 +546,10 @@ private:
             prof = p.replay_profile.get();
         }
         CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+        exec_env capturing = env;
+        capturing.captured = true;
         try {
-            lanes lane(*this, p, env);
+            lanes lane(*this, p, capturing);
             for (size_t i = 0; i < p.launches.steps.size(); ++i) {
                 if (prof) prof->mark(i, stream_.get(), true);
                 const launch_step& s = p.launches.steps[i];

@@ -321,9 +321,7 @@ void CUDART_CB serve_expert_stage(void* stage) {
 // A prefetch being captured into a graph may post its copies to the host's proxy
 // (kernels::ExpertFetchParams::proxy); run eagerly, it copies them itself.
 kn::ExpertFetchParams with_proxy(kn::ExpertFetchParams p, const exec_env& env) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(env.stream, &capturing));
-    p.proxy = p.prefetch && capturing == cudaStreamCaptureStatusActive;
+    p.proxy = p.prefetch && env.captured;
     return p;
 }
 

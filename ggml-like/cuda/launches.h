@@ -30,6 +30,9 @@ struct exec_env {
     unsigned int* tickets = nullptr;
     device_error* error = nullptr;  // device address of the backend's error record
     bool pdl = false;               // programmatic dependent launch of the kernels that take it
+    // The launches are being captured into a graph that the host will launch whole, with one
+    // call (not run eagerly, one host call per launch).
+    bool captured = false;
 };
 
 struct launch_step {
