@@ -71,27 +71,26 @@ __device__ void wait_for_prefetches(const mgl::expert_fetch_header* h) {
 
 // Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
 // is host memory across PCIe, whose latency only parallelism hides.
-template <int Threads, int Unroll>
 __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
     const bool vec =
         ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
     const int64_t n16 = vec ? n / 16 : 0;
     const auto* s4 = reinterpret_cast<const uint4*>(src);
     auto* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < n16; i += int64_t(Threads) * Unroll) {
-        uint4 r[Unroll];
+    for (int64_t i = threadIdx.x; i < n16; i += int64_t(copy_threads) * copy_unroll) {
+        uint4 r[copy_unroll];
 #pragma unroll
-        for (int u = 0; u < Unroll; ++u) {
-            const int64_t j = i + int64_t(u) * Threads;
+        for (int u = 0; u < copy_unroll; ++u) {
+            const int64_t j = i + int64_t(u) * copy_threads;
             if (j < n16) r[u] = s4[j];
         }
 #pragma unroll
-        for (int u = 0; u < Unroll; ++u) {
-            const int64_t j = i + int64_t(u) * Threads;
+        for (int u = 0; u < copy_unroll; ++u) {
+            const int64_t j = i + int64_t(u) * copy_threads;
             if (j < n16) d4[j] = r[u];
         }
     }
-    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += Threads) dst[i] = src[i];
+    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += copy_threads) dst[i] = src[i];
 }
 
 // Block (b, j): chunks b, b + gridDim.x, ... of the layer's j-th fill, if the plan made one.
@@ -103,8 +102,8 @@ __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
 // (Measured for a prefetch, which runs beside the compute kernels: blocks of 64 threads with 16
 // loads in flight each, 4 to 16 per fill, left those kernels' blocks more room but slowed the
 // copy more than they gained; docs/perf.md, eighth session.)
-template <bool EarlyDependents, int Threads, int Unroll>
-__global__ void __launch_bounds__(Threads) fetch_copy_kernel(ExpertFetchParams p) {
+template <bool EarlyDependents>
+__global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchParams p) {
     // Launched dependent on the plan (ExpertFetchParams::pdl): nothing is read before it is
     // done. A no-op in an ordinary launch.
     if constexpr (EarlyDependents) pdl_launch_dependents();
@@ -134,8 +133,7 @@ __global__ void __launch_bounds__(Threads) fetch_copy_kernel(ExpertFetchParams p
     auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
     for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
          begin += int64_t(gridDim.x) * copy_chunk)
-        copy_bytes<Threads, Unroll>(src + begin, dst + begin,
-                                    min(copy_chunk, h->blob_bytes - begin));
+        copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
     __syncthreads();
     if (threadIdx.x == 0 && !p.prefetch) {  // the layer's fetch ends with its last copy block
         auto* t1 = reinterpret_cast<unsigned long long*>(
@@ -156,8 +154,8 @@ void launch_copy(const ExpertFetchParams& p, cudaStream_t stream) {
     const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
     const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
                     unsigned(most_fills));
-    launch_maybe_dependent(fetch_copy_kernel<EarlyDependents, copy_threads, copy_unroll>, grid,
-                           dim3(copy_threads), 0, stream, p.pdl, p);
+    launch_maybe_dependent(fetch_copy_kernel<EarlyDependents>, grid, dim3(copy_threads), 0, stream,
+                           p.pdl, p);
 }
 
 }  // namespace
