@@ -49,12 +49,12 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "dma_probe.cuh"
 
 namespace {
 
-constexpr size_t expert_bytes = 8670208;  // one V2-Lite FP8 expert blob
-constexpr size_t chain_bytes = size_t(8) << 20;
-constexpr int chain_layers = 26, chain_per_layer = 10;
+using namespace dma_probe;
+
 constexpr unsigned long long spin_timeout_ns = 50'000'000;  // the waiter gives up after 50 ms
 constexpr unsigned ring_slots = 16;
 
@@ -71,36 +71,10 @@ struct alignas(16) Request {
     unsigned seq, which, epoch, pad;
 };
 
-__device__ __forceinline__ uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 __device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-
-// Reads n bytes (16 at a time) and writes one sum per block; block 0 thread 0 stamps the time
-// at `stamp` (start, when first) and `stamp + 1` (end, when last).
-__global__ void reduce_kernel(const uint4* x, size_t n16, float* out, unsigned long long* stamp,
-                              int first, int last) {
-    if (first && blockIdx.x == 0 && threadIdx.x == 0) stamp[0] = global_ns();
-    float acc = 0.f;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16;
-         i += size_t(gridDim.x) * blockDim.x) {
-        const uint4 v = x[i];
-        acc += __uint_as_float(v.x) + __uint_as_float(v.y) + __uint_as_float(v.z) +
-               __uint_as_float(v.w);
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(out + blockIdx.x, acc);
-    if (last) {
-        __syncthreads();
-        if (threadIdx.x == 0) atomicMax(stamp + 1, global_ns());
-    }
 }
 
 // In the main graph (one thread): posts request number *count into the ring.
@@ -207,43 +181,19 @@ struct Proxy {
     }
 };
 
-cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t* deps, size_t n_deps, void* fn,
-                           dim3 grid, dim3 block, void** args) {
-    cudaKernelNodeParams p{};
-    p.func = fn;
-    p.gridDim = grid;
-    p.blockDim = block;
-    p.kernelParams = args;
-    cudaGraphNode_t node;
-    CUDA_CHECK(cudaGraphAddKernelNode(&node, g, deps, n_deps, &p));
-    return node;
-}
-
 // The chain, with the picker after its first layer and the waiter `wait_layers` layers after
 // the picker (0: directly after it) when `with_picker`.
 void add_chain(cudaGraph_t g, Buffers& b, bool with_picker, int request, int wait_layers) {
-    cudaGraphNode_t prev{};
-    bool have_prev = false;
-    auto append = [&](void* fn, dim3 grid, dim3 block, void** args) {
-        prev = add_kernel(g, have_prev ? &prev : nullptr, have_prev ? 1 : 0, fn, grid, block, args);
-        have_prev = true;
-    };
     void* pick_args[] = {&b.ring_dev, &b.count, &b.ctl, &request, &b.stamps};
     void* wait_args[] = {&b.ctl, &b.flag, &request, &b.stamps, &b.timed_out};
     const int pick_after = chain_per_layer - 1;
     const int wait_after = (1 + wait_layers) * chain_per_layer - 1;
-    const size_t n16 = chain_bytes / 16;
-    const int total = chain_layers * chain_per_layer;
-    for (int i = 0; i < total; ++i) {
-        const uint4* x = reinterpret_cast<const uint4*>(b.chain_x);
-        int first = i == 0, last = i == total - 1;
-        void* args[] = {&x, const_cast<size_t*>(&n16), &b.sums, &b.stamps, &first, &last};
-        append(reinterpret_cast<void*>(reduce_kernel), dim3(132), dim3(256), args);
+    dma_probe::add_chain(g, b.chain_x, b.sums, b.stamps, [&](int i, auto& append) {
         if (with_picker && i == pick_after)
             append(reinterpret_cast<void*>(pick_kernel), dim3(1), dim3(1), pick_args);
         if (with_picker && i == wait_after)
             append(reinterpret_cast<void*>(wait_kernel), dim3(1), dim3(1), wait_args);
-    }
+    });
 }
 
 // The printed columns, in order (us): chain, graph, issue, copy, flag seen, stall.

@@ -29,38 +29,11 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "dma_probe.cuh"
 
 namespace {
 
-constexpr size_t expert_bytes = 8670208;  // one V2-Lite FP8 expert blob
-constexpr size_t chain_bytes = size_t(8) << 20;
-constexpr int chain_layers = 26, chain_per_layer = 10;
-
-__device__ __forceinline__ uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Reads n bytes (16 at a time) and writes one sum per block; block 0 thread 0 stamps the time
-// at `stamp` (start, when first) and `stamp + 1` (end, when last).
-__global__ void reduce_kernel(const uint4* x, size_t n16, float* out, unsigned long long* stamp,
-                              int first, int last) {
-    if (first && blockIdx.x == 0 && threadIdx.x == 0) stamp[0] = global_ns();
-    float acc = 0.f;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16;
-         i += size_t(gridDim.x) * blockDim.x) {
-        const uint4 v = x[i];
-        acc += __uint_as_float(v.x) + __uint_as_float(v.y) + __uint_as_float(v.z) +
-               __uint_as_float(v.w);
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(out + blockIdx.x, acc);
-    if (last) {
-        __syncthreads();
-        if (threadIdx.x == 0) atomicMax(stamp + 1, global_ns());
-    }
-}
+using namespace dma_probe;
 
 __global__ void pick_kernel(cudaGraphConditionalHandle h, const unsigned* which) {
     cudaGraphSetConditional(h, *which);
@@ -103,34 +76,6 @@ struct Buffers {
     unsigned long long* stamps = nullptr;
     unsigned* which = nullptr;
 };
-
-cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t* deps, size_t n_deps, void* fn,
-                           dim3 grid, dim3 block, void** args) {
-    cudaKernelNodeParams p{};
-    p.func = fn;
-    p.gridDim = grid;
-    p.blockDim = block;
-    p.kernelParams = args;
-    cudaGraphNode_t node;
-    CUDA_CHECK(cudaGraphAddKernelNode(&node, g, deps, n_deps, &p));
-    return node;
-}
-
-// The chain: chain_layers x chain_per_layer launches, one after the other.
-void add_chain(cudaGraph_t g, Buffers& b) {
-    cudaGraphNode_t prev{};
-    bool have_prev = false;
-    const size_t n16 = chain_bytes / 16;
-    const int total = chain_layers * chain_per_layer;
-    for (int i = 0; i < total; ++i) {
-        const uint4* x = reinterpret_cast<const uint4*>(b.chain_x);
-        int first = i == 0, last = i == total - 1;
-        void* args[] = {&x, const_cast<size_t*>(&n16), &b.sums, &b.stamps, &first, &last};
-        prev = add_kernel(g, have_prev ? &prev : nullptr, have_prev ? 1 : 0,
-                          reinterpret_cast<void*>(reduce_kernel), dim3(132), dim3(256), args);
-        have_prev = true;
-    }
-}
 
 void add_switch_copy(cudaGraph_t g, Buffers& b, int n_experts) {
     cudaGraphConditionalHandle h;
@@ -175,7 +120,7 @@ Result run(const std::string& mode, Buffers& b, int n_experts, int reps, cudaStr
     cudaGraph_t g;
     CUDA_CHECK(cudaGraphCreate(&g, 0));
     const bool alone = mode == "alone" || mode == "memcpy alone";
-    if (!alone) add_chain(g, b);
+    if (!alone) add_chain(g, b.chain_x, b.sums, b.stamps, [](int, auto&) {});
     if (mode == "switch" || mode == "alone") add_switch_copy(g, b, n_experts);
     if (mode == "kernel") add_kernel_copy(g, b);
     if (mode == "memcpy" || mode == "memcpy alone") add_plain_copy(g, b);
