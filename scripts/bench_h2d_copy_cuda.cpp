@@ -83,10 +83,10 @@ __global__ void tma_copy(const uint8_t* src, uint8_t* dst, uint32_t chunk, int s
     auto load = [&](int k) {
         const int s = k % stages;
         const uint32_t nb = bytes_of(k);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                         smem_addr(&bar[s])),
-                     "r"(nb)
-                     : "memory");
+        asm volatile(
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bar[s])),
+            "r"(nb)
+            : "memory");
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
             "[%3];" ::"r"(smem_addr(buf + size_t(s) * chunk)),
@@ -142,8 +142,8 @@ void run_case(const Case& c, const uint8_t* host, uint8_t* dev, int n_experts, i
     const size_t bytes = expert_bytes * size_t(n_experts);
     if (c.stages > 0) {
         const size_t smem = size_t(c.chunk_kib) * 1024 * size_t(c.stages);
-        CUDA_CHECK(cudaFuncSetAttribute(tma_copy, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem)));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(tma_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     }
     auto launch = [&] {
         if (c.name == "dma") {
@@ -153,7 +153,7 @@ void run_case(const Case& c, const uint8_t* host, uint8_t* dev, int n_experts, i
                                            cudaMemcpyHostToDevice, stream));
         } else if (c.stages == 0) {
             sm_copy<<<dim3(unsigned(c.blocks), unsigned(n_experts)), sm_threads, 0, stream>>>(host,
-                                                                                          dev);
+                                                                                              dev);
         } else {
             const uint32_t chunk = uint32_t(c.chunk_kib) * 1024;
             tma_copy<<<dim3(unsigned(c.blocks), unsigned(n_experts)), 32,
