@@ -46,8 +46,9 @@ struct ExpertFetchParams {
     // runs, the copy while the plan runs, each waiting in griddepcontrol.wait for its
     // predecessor, so their launch gaps leave the step's path.
     bool pdl = false;
-    // A prefetch may post its fills to the host's proxy (mgl::expert_fetch_header::proxy_ring)
-    // instead of copying them: only in a captured graph, launched whole by one call. In an eager
+    // A prefetch (and with the header's proxy_demand any fetch) may post its fills to the host's
+    // proxy (mgl::expert_fetch_header::proxy_ring) instead of copying them: only in a captured
+    // graph, launched whole by one call. In an eager
     // run the host is still queuing the step's launches while the step would wait for the proxy,
     // and a full launch queue blocks the host in the driver, the proxy's calls behind it (seen
     // on the H200: a fetch waited 2 s for a request the proxy could not issue).

@@ -223,7 +223,8 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
     // logits must equal the resident model's, the device's tables the host's replay, and the
     // decisions (fills, prefetches, hits) those of the same graph on one stream (side_stream
     // off: node order), of graphs run eagerly instead of replayed, and of prefetch copies made
-    // by the copy engines through the host's proxy thread (MINIDS_PREFETCH_COPY=engines).
+    // by the copy engines through the host's proxy thread (MINIDS_PREFETCH_COPY=engines), and of
+    // every fill made so, the layers' own too (MINIDS_FETCH_COPY=engines).
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
@@ -253,18 +254,19 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        const char* names[4] = {"side stream, replayed", "one stream, replayed",
-                                "side stream, eager", "copy engines, replayed"};
-        std::vector<std::vector<float>> logits_of[4];
-        OffloadStats stats_of[4];
-        for (int v = 0; v < 4; ++v) {
+        const char* names[5] = {"side stream, replayed", "one stream, replayed",
+                                "side stream, eager", "copy engines, replayed",
+                                "copy engines for every fill, replayed"};
+        std::vector<std::vector<float>> logits_of[5];
+        OffloadStats stats_of[5];
+        for (int v = 0; v < 5; ++v) {
             CAPTURE(std::string(names[v]));
             TestModel& m = v == 1 ? offloaded_serial : offloaded;
             ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
             // The copy engines: the prefetch's copies issued by the host's proxy thread, each
             // layer's fetch waiting for them (the fetch's copy kernel otherwise).
-            offload.set_prefetch(prefetch, v == 3);
-            CHECK(offload.prefetch_by_copy_engines() == (v == 3));
+            offload.set_prefetch(prefetch, v >= 3, v == 4);
+            CHECK(offload.prefetch_by_copy_engines() == (v >= 3));
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
@@ -296,10 +298,15 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             CHECK(st.prefetch_used <= st.prefetches);
             // The copy engines made the replayed steps' prefetch copies (the first decode step
             // runs eagerly, where the copy kernel makes them).
-            if (v == 3) CHECK(offload.prefetch_engine_copies() > 0);
+            if (v >= 3) CHECK(offload.prefetch_engine_copies() > 0);
             if (v == 3) CHECK(offload.prefetch_engine_copies() <= int64_t(st.prefetches));
+            // With every fill: more copies than prefetches (the layers' own misses too).
+            if (v == 4) CHECK(offload.prefetch_engine_copies() > int64_t(st.prefetches));
+            if (v >= 3)
+                MESSAGE("  copies by the engines: " << offload.prefetch_engine_copies() << " of "
+                                                    << st.fills << " fills");
         }
-        for (int v = 1; v < 4; ++v) {
+        for (int v = 1; v < 5; ++v) {
             CAPTURE(std::string(names[v]));
             CHECK(logits_of[v] == logits_of[0]);
             CHECK(stats_of[v].hits == stats_of[0].hits);

@@ -318,10 +318,11 @@ void CUDART_CB serve_expert_stage(void* stage) {
     }
 }
 
-// A prefetch being captured into a graph may post its copies to the host's proxy
-// (kernels::ExpertFetchParams::proxy); run eagerly, it copies them itself.
+// A fetch being captured into a graph may post its copies to the host's proxy (a prefetch's, or
+// any with the header's proxy_demand: kernels::ExpertFetchParams::proxy); run eagerly, it copies
+// them itself.
 kn::ExpertFetchParams with_proxy(kn::ExpertFetchParams p, const exec_env& env) {
-    p.proxy = p.prefetch && env.captured;
+    p.proxy = env.captured;
     return p;
 }
 

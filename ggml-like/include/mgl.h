@@ -195,6 +195,9 @@ struct expert_fetch_header {
     int64_t proxy_posted = 0;  // requests the prefetches posted so far (the device advances it)
     int64_t proxy_done = 0;    // requests whose copy has landed (the host's copy stream writes it)
     int64_t proxy_error = 0;   // 1: a fetch gave up waiting for the copies (the proxy is gone)
+    // 1: each layer's own fills go to the proxy too, not only the prefetches' (the host sets it
+    // with the ring; only fetches being captured post, as for a prefetch).
+    int64_t proxy_demand = 0;
 };
 // One prefetch the device asks the host to copy: expert `key` into slot `slot`.
 struct expert_prefetch_request {

@@ -231,12 +231,15 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 
 // MINIDS_PREFETCH_COPY=engines: prefetched experts copied by the copy engines through the host's
 // prefetch proxy instead of the fetch's copy kernel (being measured: docs/expert-cache.md).
-static bool prefetch_by_copy_engines() {
-    const char* v = std::getenv("MINIDS_PREFETCH_COPY");
-    if (!v || !*v || std::string(v) == "kernel") return false;
+// MINIDS_FETCH_COPY=kernel|engines: who copies every fill of a replayed decode step, the layers'
+// own misses too; unset: the copy engines where the device fetch reads a registered store (they
+// pull host memory ~10 % faster than a kernel can: docs/perf.md, tenth session).
+static bool copy_engines_asked(const char* var, bool otherwise) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) return otherwise;
+    if (std::string(v) == "kernel") return false;
     if (std::string(v) == "engines") return true;
-    throw UserError(std::string("MINIDS_PREFETCH_COPY: expected kernel or engines, found '") + v +
-                    "'");
+    throw UserError(std::string(var) + ": expected kernel or engines, found '" + v + "'");
 }
 
 std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
@@ -248,7 +251,11 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
             *m.model, *m.backend, config,
             flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr,
             device_fetch(flags, config));
-        cache->set_prefetch(flags.expert_prefetch, prefetch_by_copy_engines());
+        const bool all_fills =
+            copy_engines_asked("MINIDS_FETCH_COPY", cache->fills_by_engines_possible());
+        cache->set_prefetch(flags.expert_prefetch,
+                            all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY", false),
+                            all_fills);
         return cache;
     } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());
@@ -478,7 +485,10 @@ LoadedModel load_model(const ModelFlags& flags, const char* command) {
             flags.expert_cache_policy.c_str(), flags.expert_cache_pools.c_str(),
             cc.per_layer ? "s" : "", cc.admit == routing::Admission::all ? "all" : "frequent",
             flags.expert_cache_copy_stream ? ", fills on a copy stream" : "",
-            m.expert_cache->uses_device_fetch() ? ", misses fetched into slots by the step" : "");
+            !m.expert_cache->uses_device_fetch()      ? ""
+            : m.expert_cache->fills_by_copy_engines() ? ", misses fetched into slots by the step "
+                                                        "(copied by the copy engines)"
+                                                      : ", misses fetched into slots by the step");
     }
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -103,7 +103,7 @@ void ExpertOffload::attach(Session& session) {
                              prefetch_);
 }
 
-void ExpertOffload::set_prefetch(int32_t n, bool copy_engines) {
+void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_engines) {
     if (n < 0 || n > top_k_)
         throw std::invalid_argument("--expert-prefetch: expected 0 to " + std::to_string(top_k_) +
                                     " experts per layer (the model's top-k), found " +
@@ -112,7 +112,13 @@ void ExpertOffload::set_prefetch(int32_t n, bool copy_engines) {
         throw std::invalid_argument(
             "--expert-prefetch: prefetch needs the device fetch (--expert-cache-fetch device) "
             "and a host store the GPU reads (not the staging store)");
-    if (n > 0 && copy_engines && !proxy_) {
+    if (fills_by_engines && (!state_ || staging_))
+        throw std::invalid_argument(
+            "expert cache: fills by the copy engines need the device fetch and a host store the "
+            "GPU reads (not the staging store)");
+    const bool want_proxy = (n > 0 && copy_engines) || fills_by_engines;
+    fills_by_engines_ = fills_by_engines;
+    if (want_proxy && !proxy_) {
         const int32_t E = config_.n_experts, L = config_.n_layers;
         auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
         // At most one layer's prefetches are unserved (each fetch waits for the earlier ones).
@@ -127,20 +133,22 @@ void ExpertOffload::set_prefetch(int32_t n, bool copy_engines) {
                                                      reinterpret_cast<void*>(slot_address(slot)));
             });
         write_proxy_words();
-    } else if ((n == 0 || !copy_engines) && proxy_) {
+    } else if (!want_proxy && proxy_) {
         backend_.synchronize();
         proxy_->drain();
         proxy_.reset();
         write_proxy_words();
     }
     prefetch_ = n;
+    if (proxy_) write_proxy_words();  // proxy_demand follows fills_by_engines
 }
 
 void ExpertOffload::write_proxy_words() {
     const int64_t served = proxy_ ? proxy_->served() : 0;
-    const int64_t words[4] = {proxy_ ? proxy_->ring_address() : 0, served, served, 0};
-    static_assert(offsetof(mgl::expert_fetch_header, proxy_error) ==
-                  offsetof(mgl::expert_fetch_header, proxy_ring) + 3 * sizeof(int64_t));
+    const int64_t words[5] = {proxy_ ? proxy_->ring_address() : 0, served, served, 0,
+                              proxy_ && fills_by_engines_ ? 1 : 0};
+    static_assert(offsetof(mgl::expert_fetch_header, proxy_demand) ==
+                  offsetof(mgl::expert_fetch_header, proxy_ring) + 4 * sizeof(int64_t));
     auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
     backend_.copy_to_backend(&state->proxy_ring, words, sizeof words);
 }

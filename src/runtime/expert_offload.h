@@ -115,9 +115,18 @@ public:
     // prefetched experts are copied by the backend's copy engines, issued by a host thread that
     // serves the device's requests (PrefetchProxy), instead of by the fetch's copy kernel; the
     // next MoE layer's fetch waits for them.
-    void set_prefetch(int32_t n, bool copy_engines = false);
+    // fills_by_engines (MINIDS_FETCH_COPY=engines, experimental): every fill of a replayed decode
+    // step, the layers' own included, is copied by the copy engines through the proxy.
+    void set_prefetch(int32_t n, bool copy_engines = false, bool fills_by_engines = false);
     bool prefetch_by_copy_engines() const { return proxy_ != nullptr; }
-    // Prefetch copies the copy engines made so far (the proxy's; replayed decode graphs only).
+    // Whether set_prefetch may have the copy engines make every fill: the device fetch reading a
+    // host store the GPU reads (not the staging store).
+    bool fills_by_engines_possible() const {
+        return state_ != nullptr && !staging_ &&
+               backend_.compute_memory() != mgl::memory_kind::host;
+    }
+    bool fills_by_copy_engines() const { return proxy_ != nullptr && fills_by_engines_; }
+    // Copies the copy engines made so far (the proxy's; replayed decode graphs only).
     int64_t prefetch_engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
@@ -193,6 +202,7 @@ private:
     OffloadStats stats_;
     int32_t top_k_ = 1;
     int32_t prefetch_ = 0;
+    bool fills_by_engines_ = false;  // set_prefetch: every fill through the proxy
     // Device fetch: the state mgl::expert_fetch reads (header, fill log, tables, homes,
     // victims, slot keys; expert_offload.cpp lays them out), the victims offered to the step
     // and the host copy of the header's counters they are uploaded from.
