@@ -248,12 +248,13 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
             --sweep-prefetch 0,1,2 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
         say "offload 12GiB, prefetch 0/1/2: rc=$?"
-        # The same with the prefetch copies made by the copy engines, issued by the host's proxy
-        # thread (MINIDS_PREFETCH_COPY=engines, experimental): 1 and 2.
-        MINIDS_PREFETCH_COPY=engines timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
-            --vram-budget 12GiB --sweep-prefetch 1,2 > "$OUT/bench_offload_12g_prefetch_engines.md" \
-            2> "$OUT/bench_offload_12g_prefetch_engines.log"
-        say "offload 12GiB, prefetch 1/2 by the copy engines: rc=$?"
+        # Every fill is copied by the copy engines by default (MINIDS_FETCH_COPY=engines, issued
+        # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare
+        # (off and prefetch 1).
+        MINIDS_FETCH_COPY=kernel timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
+            --vram-budget 12GiB --sweep-prefetch 0,1 > "$OUT/bench_offload_12g_kernel.md" \
+            2> "$OUT/bench_offload_12g_kernel.log"
+        say "offload 12GiB, fills by the copy kernel (MINIDS_FETCH_COPY=kernel), prefetch 0/1: rc=$?"
         # The staging store (the fallback when nothing can be registered): every miss copied by
         # the host into pinned buffers, then by the device into its slot.
         MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
@@ -284,7 +285,7 @@ bench_model() {  # $1 = expert dtype
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
             "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md" \
-            "$OUT/bench_offload_12g_prefetch_engines.md"; do
+            "$OUT/bench_offload_12g_kernel.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi
