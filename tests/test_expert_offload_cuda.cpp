@@ -266,7 +266,7 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             // The copy engines: the prefetch's copies issued by the host's proxy thread, each
             // layer's fetch waiting for them (the fetch's copy kernel otherwise).
             offload.set_prefetch(prefetch, v >= 3, v == 4);
-            CHECK(offload.prefetch_by_copy_engines() == (v >= 3));
+            CHECK(offload.uses_copy_engines() == (v >= 3));
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
@@ -298,13 +298,13 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             CHECK(st.prefetch_used <= st.prefetches);
             // The copy engines made the replayed steps' prefetch copies (the first decode step
             // runs eagerly, where the copy kernel makes them).
-            if (v >= 3) CHECK(offload.prefetch_engine_copies() > 0);
-            if (v == 3) CHECK(offload.prefetch_engine_copies() <= int64_t(st.prefetches));
+            if (v >= 3) CHECK(offload.engine_copies() > 0);
+            if (v == 3) CHECK(offload.engine_copies() <= int64_t(st.prefetches));
             // With every fill: more copies than prefetches (the layers' own misses too).
-            if (v == 4) CHECK(offload.prefetch_engine_copies() > int64_t(st.prefetches));
+            if (v == 4) CHECK(offload.engine_copies() > int64_t(st.prefetches));
             if (v >= 3)
-                MESSAGE("  copies by the engines: " << offload.prefetch_engine_copies() << " of "
-                                                    << st.fills << " fills");
+                MESSAGE("  copies by the engines: " << offload.engine_copies() << " of " << st.fills
+                                                    << " fills");
         }
         for (int v = 1; v < 5; ++v) {
             CAPTURE(std::string(names[v]));

@@ -118,7 +118,8 @@ public:
     // fills_by_engines (MINIDS_FETCH_COPY=engines, experimental): every fill of a replayed decode
     // step, the layers' own included, is copied by the copy engines through the proxy.
     void set_prefetch(int32_t n, bool copy_engines = false, bool fills_by_engines = false);
-    bool prefetch_by_copy_engines() const { return proxy_ != nullptr; }
+    // Whether the copy engines make some fills (the proxy exists: prefetches, or every fill).
+    bool uses_copy_engines() const { return proxy_ != nullptr; }
     // Whether set_prefetch may have the copy engines make every fill: the device fetch reading a
     // host store the GPU reads (not the staging store).
     bool fills_by_engines_possible() const {
@@ -127,7 +128,7 @@ public:
     }
     bool fills_by_copy_engines() const { return proxy_ != nullptr && fills_by_engines_; }
     // Copies the copy engines made so far (the proxy's; replayed decode graphs only).
-    int64_t prefetch_engine_copies() const { return proxy_ ? proxy_->served() : 0; }
+    int64_t engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
     void before_step(int64_t n_tokens);
