@@ -39,32 +39,9 @@ __global__ void pick_kernel(cudaGraphConditionalHandle h, const unsigned* which)
     cudaGraphSetConditional(h, *which);
 }
 
-constexpr int copy_threads = 256, copy_unroll = 8, copy_blocks = 22;
-constexpr size_t copy_chunk = 128 << 10;
-
 __global__ void __launch_bounds__(copy_threads)
     copy_kernel(const uint8_t* const* homes, const unsigned* which, uint8_t* dst, size_t bytes) {
-    const uint8_t* src = homes[*which];
-    for (size_t begin = size_t(blockIdx.x) * copy_chunk; begin < bytes;
-         begin += size_t(gridDim.x) * copy_chunk) {
-        const size_t left = bytes - begin;
-        const size_t n16 = (left < copy_chunk ? left : copy_chunk) / 16;
-        const auto* s4 = reinterpret_cast<const uint4*>(src + begin);
-        auto* d4 = reinterpret_cast<uint4*>(dst + begin);
-        for (size_t i = threadIdx.x; i < n16; i += size_t(copy_threads) * copy_unroll) {
-            uint4 r[copy_unroll];
-#pragma unroll
-            for (int u = 0; u < copy_unroll; ++u) {
-                const size_t j = i + size_t(u) * copy_threads;
-                if (j < n16) r[u] = s4[j];
-            }
-#pragma unroll
-            for (int u = 0; u < copy_unroll; ++u) {
-                const size_t j = i + size_t(u) * copy_threads;
-                if (j < n16) d4[j] = r[u];
-            }
-        }
-    }
+    copy_chunks(homes[*which], dst, bytes, blockIdx.x, gridDim.x);
 }
 
 struct Buffers {

@@ -26,35 +26,16 @@
 #include <cstdint>
 
 #include "cuda_check.h"
+#include "dma_probe.cuh"
 
 namespace {
 
-constexpr size_t expert_bytes = 8670208;  // one V2-Lite FP8 expert blob (a multiple of 16)
-constexpr int sm_threads = 256, sm_unroll = 8;
-constexpr size_t sm_chunk = 128 << 10;
+using namespace dma_probe;
 
 // The fetch's copy: block (b, j) moves chunks b, b + gridDim.x, ... of expert j.
-__global__ void __launch_bounds__(sm_threads) sm_copy(const uint8_t* src, uint8_t* dst) {
+__global__ void __launch_bounds__(copy_threads) sm_copy(const uint8_t* src, uint8_t* dst) {
     const size_t base = size_t(blockIdx.y) * expert_bytes;
-    for (size_t begin = size_t(blockIdx.x) * sm_chunk; begin < expert_bytes;
-         begin += size_t(gridDim.x) * sm_chunk) {
-        const size_t n16 = (expert_bytes - begin < sm_chunk ? expert_bytes - begin : sm_chunk) / 16;
-        const auto* s4 = reinterpret_cast<const uint4*>(src + base + begin);
-        auto* d4 = reinterpret_cast<uint4*>(dst + base + begin);
-        for (size_t i = threadIdx.x; i < n16; i += size_t(sm_threads) * sm_unroll) {
-            uint4 r[sm_unroll];
-#pragma unroll
-            for (int u = 0; u < sm_unroll; ++u) {
-                const size_t j = i + size_t(u) * sm_threads;
-                if (j < n16) r[u] = s4[j];
-            }
-#pragma unroll
-            for (int u = 0; u < sm_unroll; ++u) {
-                const size_t j = i + size_t(u) * sm_threads;
-                if (j < n16) d4[j] = r[u];
-            }
-        }
-    }
+    copy_chunks(src + base, dst + base, expert_bytes, blockIdx.x, gridDim.x);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -152,8 +133,8 @@ void run_case(const Case& c, const uint8_t* host, uint8_t* dev, int n_experts, i
                                            host + size_t(j) * expert_bytes, expert_bytes,
                                            cudaMemcpyHostToDevice, stream));
         } else if (c.stages == 0) {
-            sm_copy<<<dim3(unsigned(c.blocks), unsigned(n_experts)), sm_threads, 0, stream>>>(host,
-                                                                                              dev);
+            sm_copy<<<dim3(unsigned(c.blocks), unsigned(n_experts)), copy_threads, 0, stream>>>(
+                host, dev);
         } else {
             const uint32_t chunk = uint32_t(c.chunk_kib) * 1024;
             tma_copy<<<dim3(unsigned(c.blocks), unsigned(n_experts)), 32,

@@ -22,6 +22,35 @@ __device__ __forceinline__ uint64_t global_ns() {
     return t;
 }
 
+// The expert fetch's copy (kernels/expert_fetch.cu, replicated here so the probes measure the
+// same loads): block part of `parts` moves chunks part, part + parts, ... of `bytes`, each with
+// copy_threads threads holding copy_unroll 16-byte loads in flight.
+constexpr int copy_threads = 256, copy_unroll = 8, copy_blocks = 22;
+constexpr size_t copy_chunk = 128 << 10;
+
+__device__ inline void copy_chunks(const uint8_t* src, uint8_t* dst, size_t bytes, size_t part,
+                                   size_t parts) {
+    for (size_t begin = part * copy_chunk; begin < bytes; begin += parts * copy_chunk) {
+        const size_t left = bytes - begin;
+        const size_t n16 = (left < copy_chunk ? left : copy_chunk) / 16;
+        const auto* s4 = reinterpret_cast<const uint4*>(src + begin);
+        auto* d4 = reinterpret_cast<uint4*>(dst + begin);
+        for (size_t i = threadIdx.x; i < n16; i += size_t(copy_threads) * copy_unroll) {
+            uint4 r[copy_unroll];
+#pragma unroll
+            for (int u = 0; u < copy_unroll; ++u) {
+                const size_t j = i + size_t(u) * copy_threads;
+                if (j < n16) r[u] = s4[j];
+            }
+#pragma unroll
+            for (int u = 0; u < copy_unroll; ++u) {
+                const size_t j = i + size_t(u) * copy_threads;
+                if (j < n16) d4[j] = r[u];
+            }
+        }
+    }
+}
+
 // Reads n bytes (16 at a time) and writes one sum per block; block 0 thread 0 stamps the time
 // at `stamp` (start, when first) and `stamp + 1` (end, when last).
 __global__ void reduce_kernel(const uint4* x, size_t n16, float* out, unsigned long long* stamp,
