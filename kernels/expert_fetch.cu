@@ -72,6 +72,14 @@ __device__ void wait_for_prefetches(const mgl::expert_fetch_header* h) {
     __syncthreads();
 }
 
+// The layer's fetch ends with its last copy (its last copy block, or its wait for the proxy):
+// the end of the interval the layer waited (expert_fetch_header::fetch_t1).
+__device__ void stamp_fetch_end(const mgl::expert_fetch_header* h) {
+    auto* t1 =
+        reinterpret_cast<unsigned long long*>(&const_cast<mgl::expert_fetch_header*>(h)->fetch_t1);
+    atomicMax(t1, static_cast<unsigned long long>(global_ns()));
+}
+
 // Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
 // is host memory across PCIe, whose latency only parallelism hides.
 __device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
@@ -122,11 +130,7 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
             if (threadIdx.x == 0) post_prefetches(p.state);
             if (p.prefetch) return;
             wait_for_prefetches(p.state);
-            if (threadIdx.x == 0 && h->n_fills > h->layer_fills) {
-                auto* t1 = reinterpret_cast<unsigned long long*>(
-                    &const_cast<mgl::expert_fetch_header*>(h)->fetch_t1);
-                atomicMax(t1, static_cast<unsigned long long>(global_ns()));
-            }
+            if (threadIdx.x == 0 && h->n_fills > h->layer_fills) stamp_fetch_end(h);
             return;
         }
         // A miss may take a slot that an earlier prefetch's copy is still writing, and this
@@ -148,11 +152,7 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
          begin += int64_t(gridDim.x) * copy_chunk)
         copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
     __syncthreads();
-    if (threadIdx.x == 0 && !p.prefetch) {  // the layer's fetch ends with its last copy block
-        auto* t1 = reinterpret_cast<unsigned long long*>(
-            &const_cast<mgl::expert_fetch_header*>(h)->fetch_t1);
-        atomicMax(t1, static_cast<unsigned long long>(global_ns()));
-    }
+    if (threadIdx.x == 0 && !p.prefetch) stamp_fetch_end(h);
 }
 
 void check_params(const ExpertFetchParams& p, int max_experts, const char* who) {

@@ -48,10 +48,10 @@ struct ExpertFetchParams {
     bool pdl = false;
     // A prefetch (and with the header's proxy_demand any fetch) may post its fills to the host's
     // proxy (mgl::expert_fetch_header::proxy_ring) instead of copying them: only in a captured
-    // graph, launched whole by one call. In an eager
-    // run the host is still queuing the step's launches while the step would wait for the proxy,
-    // and a full launch queue blocks the host in the driver, the proxy's calls behind it (seen
-    // on the H200: a fetch waited 2 s for a request the proxy could not issue).
+    // graph, launched whole by one call. In an eager run the host is still queuing the step's
+    // launches while the step would wait for the proxy, and a full launch queue blocks the host
+    // in the driver, the proxy's calls behind it (seen on the H200: a fetch waited 2 s for a
+    // request the proxy could not issue).
     bool proxy = false;
 };
 
