@@ -117,11 +117,14 @@ void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_eng
             "expert cache: fills by the copy engines need the device fetch and a host store the "
             "GPU reads (not the staging store)");
     const bool want_proxy = (n > 0 && copy_engines) || fills_by_engines;
+    const bool had_proxy = proxy_ != nullptr;
+    const bool demand_changed = fills_by_engines != fills_by_engines_;
     fills_by_engines_ = fills_by_engines;
     if (want_proxy && !proxy_) {
         const int32_t E = config_.n_experts, L = config_.n_layers;
         auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
-        // At most one layer's prefetches are unserved (each fetch waits for the earlier ones).
+        // At most one prefetch's and one layer's own fills are unserved (each layer's fetch waits
+        // for everything posted before it returns): 2 · top-k <= 64 requests.
         proxy_ = std::make_unique<PrefetchProxy>(
             backend_, std::max<int64_t>(E, 64), size_t(blob_bytes_), &state->proxy_done,
             [this, E, L](int32_t key, int32_t slot) {
@@ -132,15 +135,20 @@ void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_eng
                 return std::pair<const void*, void*>(blob(key / E, key % E),
                                                      reinterpret_cast<void*>(slot_address(slot)));
             });
-        write_proxy_words();
     } else if (!want_proxy && proxy_) {
         backend_.synchronize();
         proxy_->drain();
         proxy_.reset();
-        write_proxy_words();
     }
     prefetch_ = n;
-    if (proxy_) write_proxy_words();  // proxy_demand follows fills_by_engines
+    // The ring's address (or none) and proxy_demand, when either changed. A kept proxy first
+    // serves what was posted: the words restart its counts at what it served.
+    const bool rewrite = had_proxy != (proxy_ != nullptr) || (proxy_ && demand_changed);
+    if (rewrite && had_proxy && proxy_) {
+        backend_.synchronize();
+        proxy_->drain();
+    }
+    if (rewrite) write_proxy_words();
 }
 
 void ExpertOffload::write_proxy_words() {
