@@ -229,11 +229,12 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 
 }  // namespace
 
-// MINIDS_PREFETCH_COPY=engines: prefetched experts copied by the copy engines through the host's
-// prefetch proxy instead of the fetch's copy kernel (being measured: docs/expert-cache.md).
-// MINIDS_FETCH_COPY=kernel|engines: who copies every fill of a replayed decode step, the layers'
-// own misses too; unset: the copy engines where the device fetch reads a registered store (they
-// pull host memory ~10 % faster than a kernel can: docs/perf.md, tenth session).
+// Who copies fills, `kernel` (the fetch's copy kernel) or `engines` (the copy engines, through
+// the host's proxy: docs/expert-cache.md), as `var` asks, or `otherwise` when it is unset.
+// MINIDS_FETCH_COPY: every fill of a replayed decode step, the layers' own misses too; unset,
+// the copy engines where the device fetch reads a registered store on a GPU (they pull host
+// memory ~10 % faster than a kernel can: docs/perf.md, tenth session). MINIDS_PREFETCH_COPY:
+// the prefetches' fills only (unset: the kernel).
 static bool copy_engines_asked(const char* var, bool otherwise) {
     const char* v = std::getenv(var);
     if (!v || !*v) return otherwise;

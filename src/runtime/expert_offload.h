@@ -115,8 +115,9 @@ public:
     // prefetched experts are copied by the backend's copy engines, issued by a host thread that
     // serves the device's requests (PrefetchProxy), instead of by the fetch's copy kernel; the
     // next MoE layer's fetch waits for them.
-    // fills_by_engines (MINIDS_FETCH_COPY=engines, experimental): every fill of a replayed decode
-    // step, the layers' own included, is copied by the copy engines through the proxy.
+    // fills_by_engines (MINIDS_FETCH_COPY=engines, the CLI's default on a GPU): every fill of a
+    // replayed decode step, the layers' own included, is copied by the copy engines through the
+    // proxy.
     void set_prefetch(int32_t n, bool copy_engines = false, bool fills_by_engines = false);
     // Whether the copy engines make some fills (the proxy exists: prefetches, or every fill).
     bool uses_copy_engines() const { return proxy_ != nullptr; }
