@@ -64,6 +64,37 @@ __device__ __forceinline__ int64_t global_ns() {
     return int64_t(t);
 }
 
+// Victims uploaded after the launch (expert_fetch_header::victims_wanted): returns once upload
+// `wanted` has landed, or after 2 s, when the host is gone: then the error is flagged for the
+// host (it fails the step) and false returned (the layer fills nothing; its misses are read in
+// place). One thread calls it.
+__device__ __forceinline__ bool wait_for_victims(mgl::expert_fetch_header* h, int64_t wanted) {
+    const auto* landed = reinterpret_cast<const volatile int64_t*>(&h->victims_seq);
+    if (*landed >= wanted) {
+        __threadfence();
+        return true;
+    }
+    // An earlier layer gave up already: the host is gone, do not wait 2 s per layer.
+    if (*reinterpret_cast<const volatile int64_t*>(&h->victims_late)) return false;
+    const int64_t give_up = global_ns() + 2'000'000'000;
+    while (*landed < wanted) {
+        if (global_ns() > give_up) {
+            h->victims_late = 1;
+            return false;
+        }
+        __nanosleep(200);
+    }
+    __threadfence();
+    return true;
+}
+
+// The victims and the ranks are read through L2 (__ldcg, never a stale L1 line): the host's
+// upload stream may have written them while this step ran (victims_wanted).
+__device__ __forceinline__ mgl::expert_fetch_rank load_rank(const mgl::expert_fetch_rank* r) {
+    const auto* w = reinterpret_cast<const unsigned long long*>(r);
+    return {__longlong_as_double(static_cast<long long>(__ldcg(w))), __ldcg(w + 1)};
+}
+
 // Plans one MoE layer's fetch: every thread of the block calls it (it synchronizes the block),
 // once the layer's ids are in memory this block can read and every earlier layer's fetch has
 // completed. `started` (thread 0's is kept) opens the layer's fetch interval: the moment its
@@ -79,7 +110,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     // Thread 0 reads the header's counters now, so their loads are in flight while the block
     // reads the ids and the table (one memory round trip less on the layer's critical path;
     // every earlier writer of the header has completed, see above).
-    int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0;
+    int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0, victims_wanted = 0;
     int recycle = 0;
     int64_t last_t0 = 0, last_t1 = 0;  // the previous layer's fetch interval
     if (tid == 0) {
@@ -87,6 +118,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         first_fill = h->n_fills;
         first_arrival = h->n_arrivals;
         n_victims = h->n_victims;
+        victims_wanted = h->victims_wanted;
         recycle = p.prefetch ? 0 : h->recycle;
         last_t0 = h->fetch_t0;
         last_t1 = h->fetch_t1;
@@ -136,8 +168,15 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             // Each skipped victim holds a distinct used (or protected) expert, so m + n_used
             // (+ n_protect) candidates suffice. With every used expert in a slot (the usual
             // decode step) no candidate is read.
-            const int64_t left = n_victims - next_victim,
-                          enough = m == 0 ? 0 : m + n_used + (p.prefetch ? p.n_protect : 0);
+            int64_t left = n_victims - next_victim;
+            const int64_t enough = m == 0 ? 0 : m + n_used + (p.prefetch ? p.n_protect : 0);
+            // Only a layer with misses reads the victims (and, recycling, the key ranks): only
+            // it waits for them when they come after the launch.
+            if (m > 0 && (left > 0 || s.recycle) && victims_wanted > 0 &&
+                !wait_for_victims(h, victims_wanted)) {
+                left = 0;
+                s.recycle = false;
+            }
             // (At most the arrays' 2 · MaxE: a prefetch's protected experts may add more; the
             // misses left without a candidate are then read in place, which is still correct.)
             const int64_t room = enough < 2 * MaxE ? enough : 2 * MaxE;
@@ -148,7 +187,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
     auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
     for (int i = tid; i < s.n_cands; i += n_threads) {
-        const int32_t v = victims[s.next_victim + i];
+        const int32_t v = __ldcg(victims + s.next_victim + i);
         s.cand_slot[i] = v;
         s.cand_key[i] = slot_keys[v];
     }
@@ -159,8 +198,9 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         s.arr_slot[i] = slot;
         s.arr_key[i] = slot < 0 ? -1 : slot_keys[slot];
         if (slot >= 0) {
-            s.arr_priority[i] = key_ranks[s.arr_key[i]].priority;
-            s.arr_stamp[i] = key_ranks[s.arr_key[i]].stamp;
+            const mgl::expert_fetch_rank r = load_rank(key_ranks + s.arr_key[i]);
+            s.arr_priority[i] = r.priority;
+            s.arr_stamp[i] = r.stamp;
         }
     }
     __syncthreads();
@@ -188,7 +228,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             }
             bool take_arrival = best >= 0;
             if (take_arrival && c < s.n_cands) {
-                const mgl::expert_fetch_rank r = victim_ranks[s.next_victim + c];
+                const mgl::expert_fetch_rank r = load_rank(victim_ranks + s.next_victim + c);
                 take_arrival =
                     ranks_lower(s.arr_priority[best], s.arr_stamp[best], r.priority, r.stamp);
             }

@@ -67,9 +67,12 @@ inline ReferenceRun greedy_reference(const Deepseek2Model& model, mgl::backend& 
 }
 
 // Every table entry, as the backend holds it, is the expert's home or a slot whose bytes are
-// exactly the expert's. `read` copies backend memory to the host (a download for a device).
+// exactly the expert's, and what the host's replay says it is (settled first: with victims
+// after the launch a decode step's replay waits for the next launch). `read` copies backend
+// memory to the host (a download for a device).
 template <class Read>
-void check_tables(const ExpertOffload& o, const Deepseek2Model& m, Read read) {
+void check_tables(ExpertOffload& o, const Deepseek2Model& m, Read read) {
+    o.settle();
     const auto& tables = m.weights().expert_tables();
     const uint64_t n = tables.at(0).blob_bytes;
     const int32_t E = int32_t(tables[0].blobs.size());
@@ -93,7 +96,7 @@ void check_tables(const ExpertOffload& o, const Deepseek2Model& m, Read read) {
 }
 
 // On the CPU backend table entries and slots are host addresses.
-inline void check_tables(const ExpertOffload& o, const Deepseek2Model& m) {
+inline void check_tables(ExpertOffload& o, const Deepseek2Model& m) {
     check_tables(o, m, [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); });
 }
 

@@ -126,7 +126,8 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
     // a copy kernel reading the registered host store); after every step the device's tables,
     // read back, must match the host's replay of the fill log, and every slot they point at must
     // hold exactly its expert's bytes. Twice: as is, and with the route_fetch fusion (the routing
-    // launch plans the fetch), which must give the same logits bit for bit and the same fills.
+    // launch plans the fetch, and waits there for victims uploaded after the launch), which must
+    // give the same logits bit for bit and the same fills.
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
     mgl::cuda_fusions with_route_fetch;
@@ -168,6 +169,7 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 CAPTURE(fused);
                 TestModel& m = fused ? offloaded_fused : offloaded;
                 ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
+                offload.set_victims_after_launch(fused);
                 Session s(*m.model, *m.backend, sp);
                 offload.attach(s);
                 routing::RoutingTrace trace = empty_trace(*m.model);
@@ -224,7 +226,11 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
     // decisions (fills, prefetches, hits) those of the same graph on one stream (side_stream
     // off: node order), of graphs run eagerly instead of replayed, and of prefetch copies made
     // by the copy engines through the host's proxy thread (MINIDS_PREFETCH_COPY=engines), and of
-    // every fill made so, the layers' own too (MINIDS_FETCH_COPY=engines).
+    // every fill made so, the layers' own too (MINIDS_FETCH_COPY=engines); and of that with the
+    // victims uploaded after each replayed step's launch (MINIDS_VICTIMS=after-launch), once with
+    // the tables checked after every step (so each replay runs before the next launch, and only
+    // the victims come late) and once checked only at the end (each replay beside the next
+    // step, as the CLI runs it).
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
     TestModel offloaded = open_cuda(path, false);
@@ -254,27 +260,34 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        const char* names[5] = {"side stream, replayed", "one stream, replayed",
-                                "side stream, eager", "copy engines, replayed",
-                                "copy engines for every fill, replayed"};
-        std::vector<std::vector<float>> logits_of[5];
-        OffloadStats stats_of[5];
-        for (int v = 0; v < 5; ++v) {
+        constexpr int n_variants = 7;
+        const char* names[n_variants] = {"side stream, replayed",
+                                         "one stream, replayed",
+                                         "side stream, eager",
+                                         "copy engines, replayed",
+                                         "copy engines for every fill, replayed",
+                                         "every fill by the engines, victims after the launch",
+                                         "the same, replays beside the next step"};
+        std::vector<std::vector<float>> logits_of[n_variants];
+        OffloadStats stats_of[n_variants];
+        for (int v = 0; v < n_variants; ++v) {
             CAPTURE(std::string(names[v]));
             TestModel& m = v == 1 ? offloaded_serial : offloaded;
             ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
             // The copy engines: the prefetch's copies issued by the host's proxy thread, each
             // layer's fetch waiting for them (the fetch's copy kernel otherwise).
-            offload.set_prefetch(prefetch, v >= 3, v == 4);
+            offload.set_prefetch(prefetch, v >= 3, v >= 4);
+            offload.set_victims_after_launch(v >= 5);
             CHECK(offload.uses_copy_engines() == (v >= 3));
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
-            s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                offload.after_step(r);
-                m.backend->synchronize();
-                check_tables(offload, *m.model, read);
-            });
+            if (v != 6)
+                s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                    offload.after_step(r);
+                    m.backend->synchronize();
+                    check_tables(offload, *m.model, read);
+                });
             std::vector<std::vector<float>>& logits = logits_of[v];
             logits.push_back(s.eval(prompt, true));
             double worst = worst_diff(logits.back(), ref_prompt);
@@ -285,6 +298,10 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             }
             const OffloadStats& st = offload.stats();
             stats_of[v] = st;
+            check_tables(offload, *m.model, read);
+            // Victims after the launch: every replayed decode step's (all but the first, eager,
+            // decode step); each run beside a step when not settled by the hook.
+            if (v >= 5) CHECK(st.host_beside_ns > 0);
             MESSAGE("CUDA expert offload, prefetch "
                     << prefetch << " (" << std::string(names[v]) << "), "
                     << std::string(routing::policy_name(policy)) << " " << slots
@@ -301,12 +318,12 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             if (v >= 3) CHECK(offload.engine_copies() > 0);
             if (v == 3) CHECK(offload.engine_copies() <= int64_t(st.prefetches));
             // With every fill: more copies than prefetches (the layers' own misses too).
-            if (v == 4) CHECK(offload.engine_copies() > int64_t(st.prefetches));
+            if (v >= 4) CHECK(offload.engine_copies() > int64_t(st.prefetches));
             if (v >= 3)
                 MESSAGE("  copies by the engines: " << offload.engine_copies() << " of " << st.fills
                                                     << " fills");
         }
-        for (int v = 1; v < 5; ++v) {
+        for (int v = 1; v < n_variants; ++v) {
             CAPTURE(std::string(names[v]));
             CHECK(logits_of[v] == logits_of[0]);
             CHECK(stats_of[v].hits == stats_of[0].hits);

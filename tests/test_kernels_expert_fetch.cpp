@@ -11,11 +11,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expert_fetch.h"
@@ -102,11 +105,41 @@ struct FetchWorld {
             victim_ranks.upload(vr);
         }
         key_ranks.upload(kr);
-        std::vector<int64_t> counters(kCounterWords, 0);
-        counters[0] = int64_t(v.size());
-        counters[4] = recycle ? 1 : 0;
-        CUDA_CHECK(
-            cudaMemcpy(header.ptr, counters.data(), kCounterWords * 8, cudaMemcpyHostToDevice));
+        counters(int64_t(v.size()), recycle, 0);
+    }
+    // The counters alone; `wanted` > 0: the victims and ranks come after the launch
+    // (upload_after_launch with the same number).
+    void counters(int64_t n_victims, bool recycle, int64_t wanted) {
+        std::vector<int64_t> c(kCounterWords, 0);
+        c[0] = n_victims;
+        c[4] = recycle ? 1 : 0;
+        c[offsetof(mgl::expert_fetch_header, victims_wanted) / 8] = wanted;
+        CUDA_CHECK(cudaMemcpy(header.ptr, c.data(), kCounterWords * 8, cudaMemcpyHostToDevice));
+    }
+    // Victims after the launch, as ExpertOffload queues them on its upload queue: the victims,
+    // their ranks and the key ranks, then the header's victims_seq = `seq`, on `stream`. The
+    // host memory must stay as it is until the stream is done.
+    void upload_after_launch(const std::vector<int32_t>& v,
+                             const std::vector<mgl::expert_fetch_rank>& vr,
+                             const std::vector<mgl::expert_fetch_rank>& kr, const int64_t& seq,
+                             cudaStream_t stream) {
+        if (!v.empty()) {
+            CUDA_CHECK(cudaMemcpyAsync(victims.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice,
+                                       stream));
+            CUDA_CHECK(cudaMemcpyAsync(victim_ranks.ptr, vr.data(),
+                                       vr.size() * sizeof(mgl::expert_fetch_rank),
+                                       cudaMemcpyHostToDevice, stream));
+        }
+        CUDA_CHECK(cudaMemcpyAsync(key_ranks.ptr, kr.data(),
+                                   kr.size() * sizeof(mgl::expert_fetch_rank),
+                                   cudaMemcpyHostToDevice, stream));
+        auto* h = header.as<mgl::expert_fetch_header>();
+        CUDA_CHECK(cudaMemcpyAsync(&h->victims_seq, &seq, 8, cudaMemcpyHostToDevice, stream));
+    }
+    int64_t victims_late() const {
+        mgl::expert_fetch_header h;
+        CUDA_CHECK(cudaMemcpy(&h, header.ptr, sizeof h, cudaMemcpyDeviceToHost));
+        return h.victims_late;
     }
 
     kernels::ExpertFetchParams params(int64_t layer, const int32_t* ids, int64_t n_ids) const {
@@ -219,8 +252,10 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
     };
     const int64_t L = 4, S = 24, D = 256, n_steps = 48;
     const int64_t blob = 200000 + 48;  // two copy chunks and a tail
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaStream_t main_stream, late_kernels, late_stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&late_kernels, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&late_stream, cudaStreamNonBlocking));
     uint64_t seed = 900;
     for (const Config& c : configs) {
         const std::string what = c.what;  // doctest prints a char pointer as an address
@@ -235,8 +270,11 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             std::memcpy(&home_bytes[i], &r, 8);
         }
         DeviceBuffer home_blobs(home_bytes);
-        FetchWorld unfused(L, E, S, blob, home_blobs, k), fused(L, E, S, blob, home_blobs, k);
-        RouteOut out_u(L, T, E, k), out_f(L, T, E, k);
+        // `late`: the unfused kernels with the victims uploaded after the step's launch, on
+        // another stream, after the host waited a little (the plans that miss wait for them).
+        FetchWorld unfused(L, E, S, blob, home_blobs, k), fused(L, E, S, blob, home_blobs, k),
+            late(L, E, S, blob, home_blobs, k);
+        RouteOut out_u(L, T, E, k), out_f(L, T, E, k), out_l(L, T, E, k);
         // Each layer's hot experts (higher logits on average), so that steps also hit.
         std::vector<std::vector<char>> hot(size_t(L), std::vector<char>(size_t(E), 0));
         for (auto& h : hot)
@@ -277,6 +315,8 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             const bool recycle = rng.below(3) != 0;
             unfused.before_step(victims, victim_ranks, key_ranks, recycle);
             fused.before_step(victims, victim_ranks, key_ranks, recycle);
+            const int64_t seq = step + 1;
+            late.counters(int64_t(victims.size()), recycle, seq);
             // Fresh inputs for every layer: logits (moe_route) or x (moe_router_route).
             std::vector<float> in(size_t(L * T * (c.router ? D : E)));
             for (int64_t l = 0; l < L; ++l)
@@ -296,12 +336,16 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             } else {
                 out_u.logits.upload(in);
                 out_f.logits.upload(in);
+                out_l.logits.upload(in);
             }
-            // Each path's layers in order on one stream, every launch dependent (as in the graph).
-            for (const bool fuse : {false, true}) {
+            // Each path's layers in order on one stream, every launch dependent (as in the graph);
+            // the late path's on a stream of its own, so its plans run before its victims land.
+            for (const int path : {2, 0, 1}) {
+                const bool fuse = path == 1;
+                cudaStream_t stream = path == 2 ? late_kernels : main_stream;
                 for (int64_t l = 0; l < L; ++l) {
-                    FetchWorld& world = fuse ? fused : unfused;
-                    RouteOut& o = fuse ? out_f : out_u;
+                    FetchWorld& world = path == 0 ? unfused : path == 1 ? fused : late;
+                    RouteOut& o = path == 0 ? out_u : path == 1 ? out_f : out_l;
                     int32_t* ids = o.ids.as<int32_t>() + l * T * k;
                     const kernels::ExpertFetchParams f = world.params(l, ids, T * k);
                     if (c.router) {
@@ -339,9 +383,23 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
                         kernels::expert_fetch(f, stream);
                 }
             }
-            CUDA_CHECK(cudaStreamSynchronize(stream));
+            // The late path's victims, well after its plans were queued.
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            late.upload_after_launch(victims, victim_ranks, key_ranks, seq, late_stream);
+            CUDA_CHECK(cudaStreamSynchronize(main_stream));
+            CUDA_CHECK(cudaStreamSynchronize(late_kernels));
+            CUDA_CHECK(cudaStreamSynchronize(late_stream));
             const FetchWorld::Snapshot a = unfused.snapshot(home_bytes),
-                                       b = fused.snapshot(home_bytes);
+                                       b = fused.snapshot(home_bytes),
+                                       d = late.snapshot(home_bytes);
+            CHECK(late.victims_late() == 0);
+            CHECK(count_differences(a.counters, d.counters) == 0);
+            CHECK(count_differences(a.entries, d.entries) == 0);
+            CHECK(count_differences(a.slot_keys, d.slot_keys) == 0);
+            CHECK(count_differences(a.fill_log, d.fill_log) == 0);
+            CHECK(count_differences(a.arrivals, d.arrivals) == 0);
+            CHECK(count_differences(a.slots, d.slots) == 0);
+            CHECK(d.bad_entries == 0);
             CHECK(count_differences(a.counters, b.counters) == 0);
             CHECK(count_differences(a.entries, b.entries) == 0);
             CHECK(count_differences(a.slot_keys, b.slot_keys) == 0);
@@ -385,7 +443,39 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
         CHECK(recycled > 0);
         CHECK(steps_out_of_victims > 0);
     }
+    CUDA_CHECK(cudaStreamDestroy(main_stream));
+    CUDA_CHECK(cudaStreamDestroy(late_kernels));
+    CUDA_CHECK(cudaStreamDestroy(late_stream));
+}
+
+TEST_CASE("cuda expert fetch gives up on victims that never come" * doctest::skip(no_gpu)) {
+    // Victims promised for after the launch that the host never sends (it failed): each plan
+    // that misses waits 2 s at most (the first; the later ones see the flag and go on), flags
+    // victims_late for the host, and fills nothing: its misses stay home, read in place.
+    const int64_t L = 3, E = 64, S = 16, blob = 4096;
+    std::vector<uint8_t> home_bytes(size_t(L * E * blob), 7);
+    DeviceBuffer home_blobs(home_bytes);
+    FetchWorld world(L, E, S, blob, home_blobs, 6);
+    std::vector<int32_t> victims(static_cast<size_t>(S));
+    std::iota(victims.begin(), victims.end(), 0);
+    world.counters(S, false, 1);
+    const std::vector<int32_t> ids = {3, 9, 17, 30, 41, 60};
+    DeviceBuffer d_ids(ids);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t l = 0; l < L; ++l)
+        kernels::expert_fetch(world.params(l, d_ids.as<int32_t>(), 6), stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CUDA_CHECK(cudaStreamDestroy(stream));
+    const FetchWorld::Snapshot snap = world.snapshot(home_bytes);
+    CHECK(world.victims_late() == 1);
+    CHECK(snap.counters[1] == 0);  // no fills
+    CHECK(std::all_of(snap.entries.begin(), snap.entries.end(), [](int64_t e) { return e < 0; }));
+    MESSAGE("expert fetch without its victims: gave up after " << s << " s for " << L << " layers");
+    CHECK(s >= 1.9);
+    CHECK(s < 10.0);
 }
 
 TEST_CASE(

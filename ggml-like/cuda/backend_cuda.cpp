@@ -271,6 +271,14 @@ public:
         run_eager(p, env);
     }
 
+    // compute() captures and launches, or replays, a reusable graph once it has run eagerly
+    // (the warm-up); the same conditions as there.
+    bool launches_whole(const graph& g) const override {
+        if (!g.reusable || !graphs_ || sync_each_) return false;
+        auto it = plans_.find(g.version);
+        return it != plans_.end() && it->second->warmed_up;
+    }
+
     void synchronize() override {
         use_device();
         CUDA_CHECK(cudaStreamSynchronize(stream_.get()));

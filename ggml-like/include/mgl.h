@@ -170,6 +170,11 @@ struct expert_fetch_header {
     // the total is fetch_ns + (fetch_t1 - fetch_t0).
     int64_t fetch_ns = 0;
     int64_t fetch_t0 = 0, fetch_t1 = 0;
+    // Victims uploaded after the launch (a device backend, a step launched as one graph: the
+    // host replays the previous step while this one runs, docs/expert-cache.md "Victims after
+    // the launch"): a fetch that would read victims, their ranks or the key ranks first waits
+    // until victims_seq reaches it. 0: they were uploaded before the step, nothing waits.
+    int64_t victims_wanted = 0;
     // Fixed while the cache exists.
     int64_t n_layers = 0, n_experts = 0, n_slots = 0;
     int64_t blob_bytes = 0;
@@ -198,6 +203,12 @@ struct expert_fetch_header {
     // 1: each layer's own fills go to the proxy too, not only the prefetches' (the host sets it
     // with the ring; only fetches being captured post, as for a prefetch).
     int64_t proxy_demand = 0;
+    // The victims' uploads after a launch (see victims_wanted), kept across steps: the count
+    // whose bytes have landed (the host's upload stream writes it after each upload), and 1
+    // when a fetch gave up waiting for them (after 2 s; it then read in place what it could not
+    // fill).
+    int64_t victims_seq = 0;
+    int64_t victims_late = 0;
 };
 // One prefetch the device asks the host to copy: expert `key` into slot `slot`.
 struct expert_prefetch_request {
@@ -215,7 +226,7 @@ inline constexpr size_t expert_prefetch_ring_bytes(int64_t capacity) {
     return offsetof(expert_prefetch_ring, requests) +
            size_t(capacity) * sizeof(expert_prefetch_request);
 }
-// The header's words a host sets before every step: the counters, n_victims to fetch_t1.
+// The header's words a host sets before every step: the counters, n_victims to victims_wanted.
 inline constexpr size_t expert_fetch_counter_words =
     offsetof(expert_fetch_header, n_layers) / sizeof(int64_t);
 // A slot's place in the cache policy's eviction order: the lower (priority, then stamp) goes
@@ -572,6 +583,11 @@ public:
     // Runs the graph; may return before it is done (CUDA). Results are ready after synchronize()
     // or a blocking download.
     virtual void compute(graph& g) = 0;
+    // Whether compute(g) would queue the whole graph at once, before any of it runs (CUDA: a
+    // recorded graph's replay, or its capture and launch), so the host may still write, on
+    // another queue, inputs its kernels wait for. False: the host queues kernel by kernel (and
+    // may block between them) or runs them itself.
+    virtual bool launches_whole(const graph&) const { return false; }
     virtual void synchronize() = 0;
 
 protected:

@@ -177,13 +177,15 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
             "minids bench: expert cache %lld slots %s admit %s fetch %s prefetch %d, %-20s first "
             "token %.3f s, tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
             "%.1f MiB over the link per token, %.2f prefetched per token (%.1f%% used), waiting on "
-            "the fetch %s ms per token, host bookkeeping %.1f us per token\n",
+            "the fetch %s ms per token, host bookkeeping %.1f us per token (%.1f beside the "
+            "step)\n",
             (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), ph.prefetch,
             name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
             ph.mib_filled_per_token, ph.mib_link_per_token, ph.prefetched_per_token,
             100.0 * ph.prefetch_used,
             ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
-            ng > 0 ? double(decode.host_ns) / 1e3 / double(ng) : 0.0);
+            ng > 0 ? double(decode.host_ns) / 1e3 / double(ng) : 0.0,
+            ng > 0 ? double(decode.host_beside_ns) / 1e3 / double(ng) : 0.0);
         phases.push_back(ph);
     }
 }

@@ -243,6 +243,25 @@ static bool copy_engines_asked(const char* var, bool otherwise) {
     throw UserError(std::string(var) + ": expected kernel or engines, found '" + v + "'");
 }
 
+// MINIDS_VICTIMS: `after-launch` (a replayed decode step's victims are uploaded while it runs,
+// and the previous step's replay runs then too: docs/expert-cache.md "Victims after the
+// launch") or `before-launch`; unset, after the launch where the device fetch reads a
+// registered store on a GPU.
+static bool victims_after_launch_asked(bool possible) {
+    const char* v = std::getenv("MINIDS_VICTIMS");
+    if (!v || !*v) return possible;
+    if (std::string(v) == "before-launch") return false;
+    if (std::string(v) == "after-launch") {
+        if (!possible)
+            throw UserError(
+                "MINIDS_VICTIMS=after-launch: needs the device fetch on a GPU reading a "
+                "registered host store (not the staging store)");
+        return true;
+    }
+    throw UserError(std::string("MINIDS_VICTIMS: expected after-launch or before-launch, found '") +
+                    v + "'");
+}
+
 std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
                                                  const routing::CacheConfig& config,
                                                  const ModelFlags& flags,
@@ -257,6 +276,8 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
         cache->set_prefetch(flags.expert_prefetch,
                             all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY", false),
                             all_fills);
+        cache->set_victims_after_launch(
+            victims_after_launch_asked(cache->fills_by_engines_possible()));
         return cache;
     } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());
@@ -291,11 +312,17 @@ std::string expert_cache_summary(const LoadedModel& m) {
                       (long long)st.prefetch_wasted());
         out += s;
     }
-    // The cache's host work between a step's wait and the next launch (the GPU idles).
+    // The cache's host work between a step's wait and the next launch (the GPU idles), and
+    // the part done while the steps ran (victims after the launch).
     if (st.steps > 0) {
         std::snprintf(s, sizeof s, ", %.1f us of host bookkeeping per step",
                       double(st.host_ns) / 1e3 / double(st.steps));
         out += s;
+        if (st.host_beside_ns > 0) {
+            std::snprintf(s, sizeof s, " (%.1f more beside the steps)",
+                          double(st.host_beside_ns) / 1e3 / double(st.steps));
+            out += s;
+        }
     }
     return out;
 }

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/host_time.h"
+
 namespace minids {
 
 namespace {
@@ -63,38 +65,18 @@ ExpertOffload::ExpertOffload(const Deepseek2Model& model, mgl::backend& backend,
     if (device_fetch) setup_device_fetch();
 }
 
-namespace {
-
-// Adds the scope's duration to `ns` (OffloadStats::host_ns).
-class HostTime {
-public:
-    explicit HostTime(uint64_t& ns) : ns_(ns) {}
-    ~HostTime() {
-        ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - t0_)
-                            .count());
-    }
-    HostTime(const HostTime&) = delete;
-    HostTime& operator=(const HostTime&) = delete;
-
-private:
-    uint64_t& ns_;
-    std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-};
-
-}  // namespace
-
 void ExpertOffload::attach(Session& session) {
     session.set_expert_cache_hook([this](const RoutingRecord& r) {
         HostTime t(stats_.host_ns);
         after_step(r);
     });
     // Always set, so a session that had another cache's fetch forgets it. (queue_fill_log runs
-    // while the step does: not counted as host time.)
+    // while the step does: only the work it does for victims after the launch is counted, as
+    // host time beside the step.)
     session.set_expert_fetch(state_, stage_,
-                             state_ ? std::function<void(int64_t)>([this](int64_t n) {
+                             state_ ? std::function<void(int64_t, bool)>([this](int64_t n, bool w) {
                                  HostTime t(stats_.host_ns);
-                                 before_step(n);
+                                 before_step(n, w);
                              })
                                     : nullptr,
                              state_ ? std::function<const int32_t*(int64_t)>(
@@ -167,15 +149,45 @@ ExpertOffload::~ExpertOffload() {
     try {
         if (transfers_) transfers_->drain();
         backend_.synchronize();
+        if (victims_queue_) victims_queue_->drain();
         point_home();
     } catch (...) {
     }
+}
+
+void ExpertOffload::set_victims_after_launch(bool on) {
+    if (on && (!state_ || staging_))
+        throw std::invalid_argument(
+            "expert cache: victims after the launch need the device fetch and a host store the "
+            "GPU reads (not the staging store)");
+    if (on == (victims_queue_ != nullptr)) return;
+    backend_.synchronize();
+    settle();
+    if (victims_queue_) {
+        victims_queue_->drain();
+        victims_queue_.reset();
+        victims_fence_ = 0;
+    }
+    if (on) victims_queue_ = backend_.make_transfer_queue();
+}
+
+const OffloadStats& ExpertOffload::stats() {
+    if (pending_replay_) {
+        HostTime t(stats_.host_beside_ns);
+        settle();
+    }
+    return stats_;
 }
 
 void ExpertOffload::reset() {
     if (transfers_) transfers_->drain();
     backend_.synchronize();
     if (proxy_) proxy_->drain();
+    // The last step counts (the counters keep running); its upload is done before the state is
+    // written again.
+    settle();
+    if (victims_queue_) victims_queue_->drain();
+    victims_fence_ = 0;
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);
     fill_fence_.assign(fill_fence_.size(), 0);
@@ -243,7 +255,7 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
                                     std::to_string(r.ids.size()) + " ids for " + std::to_string(L) +
                                     " layers x " + std::to_string(T) + " tokens x " +
                                     std::to_string(k));
-    if (state_) return replay_device_fills(r);
+    if (state_) return stash_replay(r);
     // What the kernels read in place: the experts used whose entry pointed home as the step
     // began (the shadow still holds the tables as the step saw them).
     std::vector<char> used(size_t(L) * size_t(E), 0);

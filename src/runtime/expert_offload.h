@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "mgl.h"
@@ -58,6 +59,9 @@ struct OffloadStats {
     // a step, the replay of its routing after it, the table uploads): on the path between the
     // step's wait and the next launch, where the GPU idles.
     uint64_t host_ns = 0;
+    // The same work done while a step runs (victims after the launch: the previous step's
+    // replay and this step's victims), or outside the steps (stats() settling the last replay).
+    uint64_t host_beside_ns = 0;
     // Prefetch (device fetch): experts a layer's prefetch filled for the next MoE layer, and of
     // those, the ones that layer then read in the same step (the rest were wasted). Their
     // bytes are in fills and bytes_filled too.
@@ -78,6 +82,7 @@ struct OffloadStats {
                 bytes_read_in_place - earlier.bytes_read_in_place,
                 fetch_ns - earlier.fetch_ns,
                 host_ns - earlier.host_ns,
+                host_beside_ns - earlier.host_beside_ns,
                 prefetches - earlier.prefetches,
                 prefetch_used - earlier.prefetch_used};
     }
@@ -131,10 +136,22 @@ public:
     // Copies the copy engines made so far (the proxy's; replayed decode graphs only).
     int64_t engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
-    // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph).
-    void before_step(int64_t n_tokens);
-    // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]).
+    // Victims after the launch (device fetch, not the staging store; docs/expert-cache.md
+    // "Victims after the launch"): a decode step the backend launches whole gets its victims
+    // from the upload queue right after its launch, and the previous step's replay runs then
+    // too, while the step runs, instead of between the two steps. A fetch that misses waits
+    // for them on the device. Off: both happen before the launch.
+    void set_victims_after_launch(bool on);
+    bool victims_after_launch() const { return victims_queue_ != nullptr; }
+    // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph);
+    // `launched_whole`: the backend queues the graph whole (mgl::backend::launches_whole).
+    void before_step(int64_t n_tokens, bool launched_whole = false);
+    // The routing of one finished eval (Session's RoutingRecord: ids [n_moe][T][k]). With
+    // victims after the launch, a decode step's replay waits for the next launch (or settle()).
     void after_step(const RoutingRecord& r);
+    // Replays the step whose replay is still pending (victims after the launch), so the
+    // counters, the policy and table_entry() describe every finished step.
+    void settle();
     bool uses_device_fetch() const { return state_ != nullptr; }
     // The device fetch's state (memory starting with an mgl::expert_fetch_header), or null.
     const mgl::tensor* fetch_state() const { return state_; }
@@ -152,7 +169,8 @@ public:
     // Bytes one slot takes for experts of `blob_bytes` (the memory plan counts slots with it).
     static uint64_t slot_bytes_for(uint64_t blob_bytes);
 
-    const OffloadStats& stats() const { return stats_; }
+    // Settles first (the last decode step's replay may be pending).
+    const OffloadStats& stats();
     const routing::CacheConfig& config() const { return config_; }
     uint64_t slot_bytes() const { return slot_stride_; }
     // What the table of MoE layer `layer` (index among MoE layers) holds for `expert` now, and
@@ -180,8 +198,28 @@ private:
     // wait). Returns where the step's ids will be once it is done (every MoE layer's
     // n_tokens · k, back to back) when the id log holds them (a decoded token), else null.
     const int32_t* queue_fill_log(int64_t n_tokens);
+    // Device fetch: one finished step's record, the log buffer its counters and logs came down
+    // into, and what before_step offered it; replayed by settle().
+    struct PendingReplay {
+        RoutingRecord record;
+        int log = 0;
+        int64_t most_fills = 0;
+        int64_t n_victims = 0;
+    };
     // Device fetch: the step's fills, from the device's log, into the policy and the shadow.
-    void replay_device_fills(const RoutingRecord& r);
+    void replay_device_fills(const PendingReplay& p);
+    // Device fetch: keeps the finished step's replay for settle(), and settles it at once
+    // unless its victims came after its launch.
+    void stash_replay(const RoutingRecord& r);
+    // Device fetch: the policy's victims and their ranks (and with `recycle` every key's arrival
+    // rank) into the upload staging after the counters, as the state lays them out; returns
+    // the words to upload from the state's victims on.
+    size_t stage_victims(int64_t most, bool prompt, bool recycle);
+    // Victims after the launch: the pending replay, then the launched step's victims, uploaded
+    // on the upload queue and signalled (expert_fetch_header::victims_seq).
+    void upload_victims_after_launch();
+    // Waits until the upload queue no longer reads the upload staging.
+    void wait_victims_upload();
     // Host bookkeeping of one expert moving into `slot` (evicting its occupant).
     void occupy(int32_t slot, int32_t key);
     // Forgets the fills whose fence has passed (their slots may be pointed at now).
@@ -215,13 +253,29 @@ private:
     std::vector<routing::Rank> arrival_ranks_;  // the policy's, before they become key ranks
     int64_t most_fills_ = 0;       // the most fills the step before_step prepared can log
     mgl::buffer_ptr upload_host_;  // pinned: the counters, then the victims and ranks uploaded
-    mgl::buffer_ptr log_host_;  // pinned: the header, id log and fill log queue_fill_log downloads
-    bool log_queued_ = false;   // queue_fill_log ran for the step not yet replayed
+    // Pinned: the header, id log and fill log queue_fill_log downloads, two buffers used in turn
+    // (a step's log is replayed while the next step's comes down into the other).
+    mgl::buffer_ptr log_host_[2];
+    int log_next_ = 0;     // the buffer the next queue_fill_log uses
+    int log_queued_ = -1;  // the buffer queue_fill_log filled for the step not yet stashed
+    std::optional<PendingReplay> pending_replay_;
+    // Victims after the launch: the step before_step deferred (its victims are owed to it by
+    // queue_fill_log), what it promised the device (n_victims, recycle), the uploads' count
+    // (the device's victims_seq follows it) and the last upload's fence.
+    bool step_deferred_ = false;
+    bool victims_owed_ = false;
+    int64_t owed_victims_ = 0;
+    bool owed_recycle_ = false;
+    int64_t victims_seq_ = 0;
+    uint64_t victims_fence_ = 0;
     // The staging store: the stage (pinned, device-mapped host memory; the tensor's data is its
     // host address, which is also its device address), null otherwise.
     bool staging_ = false;
     mgl::buffer_ptr stage_buf_;
     mgl::tensor* stage_ = nullptr;
+    // Victims after the launch: the queue that uploads them (declared after the state and the
+    // staging it copies between, so it is gone first).
+    std::unique_ptr<mgl::transfer_queue> victims_queue_;
     // Prefetch by the copy engines (set_prefetch): declared last so it stops, and its copies
     // land, before the state and the slots are freed.
     std::unique_ptr<PrefetchProxy> proxy_;

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "runtime/expert_offload.h"
+#include "runtime/host_time.h"
 
 namespace minids {
 
@@ -99,6 +100,11 @@ void ExpertOffload::setup_device_fetch() {
     }
     victims_.clear();
     most_fills_ = 0;
+    // The header starts over (victims_seq too): no step is owed or pending.
+    victims_seq_ = 0;
+    step_deferred_ = victims_owed_ = false;
+    log_queued_ = -1;
+    pending_replay_.reset();
     std::vector<int64_t> init(at.words, 0);
     auto* base = static_cast<int64_t*>(state_buf_->base());  // backend addresses
     mgl::expert_fetch_header h;
@@ -132,7 +138,7 @@ void ExpertOffload::setup_device_fetch() {
     if (staging_) setup_stage();
 }
 
-void ExpertOffload::before_step(int64_t n_tokens) {
+void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
     if (!state_) return;
     const int64_t L = config_.n_layers, E = config_.n_experts;
     // At most one fill per distinct expert a layer uses, and in a decoded token's step (the
@@ -141,6 +147,52 @@ void ExpertOffload::before_step(int64_t n_tokens) {
     const int64_t most = std::min<int64_t>(L * E, L * std::min<int64_t>(E, n_tokens * top_k_) +
                                                       (n_tokens == 1 ? (L - 1) * prefetch_ : 0));
     const bool prompt = n_tokens * top_k_ >= E;
+    // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
+    // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
+    // uploaded with the victims. Not with the staging store: its victims repeat, and the CUDA
+    // plan reads a layer's candidates before it decides, so a slot it re-took as an arrival
+    // could come up again as a candidate the plan thinks holds another layer's expert.
+    const bool recycle = !staging_ && !prompt && most <= kMostRecycledArrivals;
+    // Victims after the launch: a decoded token's step that the backend queues whole. What the
+    // device needs before it runs is known now (how many victims: every slot once, at most
+    // `most`; whether to recycle); which ones needs the previous step's replay, which then runs
+    // beside this step (queue_fill_log). Any other step settles that replay first.
+    step_deferred_ = victims_queue_ && launched_whole && !staging_ && !prompt;
+    if (!step_deferred_) settle();
+    wait_victims_upload();
+    const StateLayout at = layout();
+    auto* base = static_cast<int64_t*>(state_buf_->base());
+    const size_t span = at.tables - at.victims;  // victims .. the end of key_ranks, in words
+    auto* counters = static_cast<int64_t*>(
+        backend_.host_staging(upload_host_, (kCounterWords + span) * sizeof(int64_t)));
+    int64_t n_victims = 0;
+    if (step_deferred_) {
+        n_victims = std::min<int64_t>(config_.n_slots, most);
+        most_fills_ = most;
+        victims_owed_ = true;
+        owed_victims_ = n_victims;
+        owed_recycle_ = recycle;
+        ++victims_seq_;
+    } else {
+        // Everything goes up from pinned memory (a pageable source makes the driver stage each
+        // copy while the GPU idles between steps) in two copies: the counters, and the victims
+        // with the ranks, laid out there as in the state.
+        const size_t words = stage_victims(most, prompt, recycle);
+        n_victims = int64_t(victims_.size());
+        if (words)
+            backend_.copy_to_backend_async(base + at.victims, counters + kCounterWords,
+                                           words * sizeof(int64_t));
+    }
+    // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals, fetch_ns, fetch_t0,
+    // fetch_t1, victims_wanted
+    const int64_t c[kCounterWords] = {n_victims, 0, 0, 0, recycle ? 1 : 0,
+                                      0,         0, 0, 0, step_deferred_ ? victims_seq_ : 0};
+    std::copy(c, c + kCounterWords, counters);
+    backend_.copy_to_backend_async(base, counters, kCounterWords * sizeof(int64_t));
+}
+
+size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
+    const int64_t L = config_.n_layers, E = config_.n_experts;
     if (staging_) {
         // No miss may stay home (the device cannot read it there), so `most` victims, the
         // policy's order repeated. Enough: a layer's plan passes over a victim only when it
@@ -160,19 +212,10 @@ void ExpertOffload::before_step(int64_t n_tokens) {
         if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
         most_fills_ = prompt ? int64_t(victims_.size()) : most;
     }
-    // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
-    // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
-    // uploaded with the victims. Not with the staging store: its victims repeat, and the CUDA
-    // plan reads a layer's candidates before it decides, so a slot it re-took as an arrival
-    // could come up again as a candidate the plan thinks holds another layer's expert.
-    const bool recycle = !staging_ && !prompt && most <= kMostRecycledArrivals;
     const StateLayout at = layout();
-    auto* base = static_cast<int64_t*>(state_buf_->base());
-    // Everything goes up from pinned memory (a pageable source makes the driver stage each copy
-    // while the GPU idles between steps) in two copies: the counters, and the victims with the
-    // ranks, laid out there as in the state. The staging is rewritten only after the step's
-    // wait, when these copies are long done.
-    const size_t span = at.tables - at.victims;  // victims .. the end of key_ranks, in words
+    const size_t span = at.tables - at.victims;
+    // The staging is rewritten only when its last upload is done (the step's wait, or
+    // wait_victims_upload for the upload queue).
     auto* counters = static_cast<int64_t*>(
         backend_.host_staging(upload_host_, (kCounterWords + span) * sizeof(int64_t)));
     int64_t* staged = counters + kCounterWords;  // the state's word at.victims
@@ -196,37 +239,88 @@ void ExpertOffload::before_step(int64_t n_tokens) {
             key_ranks[i] = {arrival_ranks_[i].first, arrival_ranks_[i].second};
         words = span;
     }
-    if (words) backend_.copy_to_backend_async(base + at.victims, staged, words * sizeof(int64_t));
-    // n_victims, next_victim, n_fills, layer_fills, recycle, n_arrivals, fetch_ns, fetch_t0,
-    // fetch_t1
-    const int64_t c[kCounterWords] = {
-        int64_t(victims_.size()), 0, 0, 0, recycle ? 1 : 0, 0, 0, 0, 0};
-    std::copy(c, c + kCounterWords, counters);
-    backend_.copy_to_backend_async(base, counters, kCounterWords * sizeof(int64_t));
+    return words;
+}
+
+void ExpertOffload::upload_victims_after_launch() {
+    victims_owed_ = false;
+    const StateLayout at = layout();
+    auto* base = static_cast<int64_t*>(state_buf_->base());
+    auto* h = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
+    // The launched step's fetches that miss wait for this signal: it is sent whatever happens
+    // here (the device keeps its tables true with any victims it is offered; an error here
+    // reaches the caller).
+    struct Signal {
+        ExpertOffload& o;
+        int64_t* word;
+        ~Signal() {
+            try {
+                o.victims_queue_->signal(word, o.victims_seq_);
+                o.victims_fence_ = o.victims_queue_->fence();
+            } catch (...) {  // the fetches give up after 2 s and the replay reports it
+            }
+        }
+    } signal{*this, &h->victims_seq};
+    settle();
+    const size_t words = stage_victims(most_fills_, false, owed_recycle_);
+    if (int64_t(victims_.size()) != owed_victims_)
+        throw std::logic_error("expert cache: " + std::to_string(victims_.size()) +
+                               " victims for the " + std::to_string(owed_victims_) +
+                               " promised to the step");
+    const auto* staged = static_cast<const int64_t*>(upload_host_->base()) + kCounterWords;
+    if (words) victims_queue_->copy(base + at.victims, staged, words * sizeof(int64_t));
+}
+
+void ExpertOffload::wait_victims_upload() {
+    if (victims_queue_ && victims_fence_ && !victims_queue_->done(victims_fence_))
+        victims_queue_->drain();
 }
 
 const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
-    // The header's counters, the id log and the fill log, in one download.
+    // The header's counters, the id log and the fill log, in one download, into the log buffer
+    // the last replay no longer reads.
     const StateLayout at = layout();
     const size_t bytes = (at.fill_log + size_t(most_fills_)) * sizeof(int64_t);
-    auto* staged = static_cast<int64_t*>(backend_.host_staging(log_host_, bytes));
+    const int b = log_next_;
+    log_next_ ^= 1;
+    auto* staged = static_cast<int64_t*>(backend_.host_staging(log_host_[b], bytes));
     backend_.download_async(*state_, staged, 0, bytes);
-    log_queued_ = true;
+    log_queued_ = b;
+    if (victims_owed_) {
+        HostTime t(stats_.host_beside_ns);
+        upload_victims_after_launch();
+    }
     // The fetch logs ids that fit the id log's stride (mgl::expert_fetch_header::id_log).
     return n_tokens * top_k_ <= top_k_ ? reinterpret_cast<const int32_t*>(staged + at.id_log)
                                        : nullptr;
 }
 
-void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
-    const int32_t L = config_.n_layers, E = config_.n_experts;
-    const int64_t per_layer = r.n_tokens * r.k;
-    if (!log_queued_) {  // a caller that did not queue it with the step (tests driving the hook)
+void ExpertOffload::settle() {
+    if (!pending_replay_) return;
+    const PendingReplay p = std::move(*pending_replay_);
+    pending_replay_.reset();
+    replay_device_fills(p);
+}
+
+void ExpertOffload::stash_replay(const RoutingRecord& r) {
+    if (log_queued_ < 0) {  // a caller that did not queue it with the step (tests driving the hook)
+        if (victims_owed_)
+            throw std::logic_error("expert cache: a deferred step's log was not queued");
         queue_fill_log(r.n_tokens);
         backend_.synchronize();
     }
-    log_queued_ = false;
+    settle();  // (a step whose victims came before its launch settled it already)
+    pending_replay_ = PendingReplay{r, log_queued_, most_fills_, int64_t(victims_.size())};
+    log_queued_ = -1;
+    if (!step_deferred_) settle();
+}
+
+void ExpertOffload::replay_device_fills(const PendingReplay& p) {
+    const RoutingRecord& r = p.record;
+    const int32_t L = config_.n_layers, E = config_.n_experts;
+    const int64_t per_layer = r.n_tokens * r.k;
     const StateLayout at = layout();
-    const auto* words = static_cast<const int64_t*>(log_host_->base());
+    const auto* words = static_cast<const int64_t*>(log_host_[p.log]->base());
     mgl::expert_fetch_header h;
     std::memcpy(static_cast<void*>(&h), words, sizeof h);
     if (proxy_) proxy_->check();
@@ -236,8 +330,12 @@ void ExpertOffload::replay_device_fills(const RoutingRecord& r) {
             std::to_string(h.proxy_posted) + " posted, " + std::to_string(h.proxy_done) +
             " landed, " + std::to_string(proxy_ ? proxy_->served() : 0) + " issued" +
             (proxy_ ? proxy_->slowest_issue() : std::string()) + ")");
-    if (h.n_fills < 0 || h.n_fills > most_fills_ || h.next_victim < 0 ||
-        h.next_victim > int64_t(victims_.size()))
+    if (h.victims_late)
+        throw std::runtime_error(
+            "expert cache: a fetch gave up waiting for its victims, uploaded after the launch "
+            "(the host did not send them within 2 s)");
+    if (h.n_fills < 0 || h.n_fills > p.most_fills || h.next_victim < 0 ||
+        h.next_victim > p.n_victims)
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
     const auto* log = reinterpret_cast<const int32_t*>(words + at.fill_log);
     int64_t f = 0;

@@ -50,7 +50,7 @@ void Session::set_routing_override(RoutingOverride f) {
 }
 
 void Session::set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
-                               std::function<void(int64_t)> prepare,
+                               std::function<void(int64_t, bool)> prepare,
                                std::function<const int32_t*(int64_t)> collect, int prefetch) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
@@ -256,7 +256,7 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     }
     write_inputs(*s, tokens, n_past, !decode);
     cache_->sync(seq_);
-    if (expert_fetch_prepare_) expert_fetch_prepare_(T);
+    if (expert_fetch_prepare_) expert_fetch_prepare_(T, backend_.launches_whole(s->graph));
     backend_.compute(s->graph);
 
     if (observe) {
@@ -270,7 +270,8 @@ std::vector<float> Session::run_chunk(std::span<const int32_t> tokens, bool all_
     const size_t n_logits = size_t(s->out.logits->nelements());
     std::vector<float> out;
     const bool device = backend_.compute_memory() != mgl::memory_kind::host;
-    const bool routing = routing_observer_ || expert_cache_hook_;
+    // (The device fetch's collect always runs: it may owe the step its victims.)
+    const bool routing = routing_observer_ || expert_cache_hook_ || expert_fetch_collect_;
     bool routing_queued = false;
     if (device && n_logits * sizeof(float) <= max_staged_logits_bytes) {
         // Every decoded token downloads its logits (400 KB for a 102,400 vocabulary): through

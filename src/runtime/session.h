@@ -83,7 +83,9 @@ public:
     // The expert cache's device fetch (runtime/expert_offload.h): each MoE layer's missing
     // experts are copied into slots by the graph itself (mgl::expert_fetch with `state`), and
     // `prepare` runs before every eval's graph with its token count (it offers the step's
-    // victim slots). `collect` runs right after the graph is queued, with its token count, so
+    // victim slots) and whether the backend will queue the graph whole before any of it runs
+    // (mgl::backend::launches_whole: then the victims may follow the launch, written from
+    // `collect`). `collect` runs right after the graph is queued, with its token count, so
     // what it queues (the fetch's counters, id log and fill log) comes back in the eval's one
     // wait with the logits; it returns where the step's routing ids will then be (every MoE
     // layer's T · k, back to back), which spares the session one download per layer, or null
@@ -91,7 +93,7 @@ public:
     // (mgl::expert_fetch), or null. Re-records the decode graph.
     // `prefetch`: ForwardBatch::expert_prefetch of the decode graph (0: none).
     void set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
-                          std::function<void(int64_t n_tokens)> prepare,
+                          std::function<void(int64_t n_tokens, bool launched_whole)> prepare,
                           std::function<const int32_t*(int64_t n_tokens)> collect = nullptr,
                           int prefetch = 0);
     // Changing whether an override is set re-records the decode graph.
@@ -152,7 +154,7 @@ private:
     mgl::tensor* expert_fetch_ = nullptr;
     int expert_prefetch_ = 0;
     mgl::tensor* expert_stage_ = nullptr;
-    std::function<void(int64_t)> expert_fetch_prepare_;
+    std::function<void(int64_t, bool)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
     size_t routing_queued_ = 0;  // ids queue_routing queued (weights after them in routing_host_)
     const int32_t* routing_ids_at_ = nullptr;  // where they land: routing_host_ or the fetch's log
