@@ -64,35 +64,41 @@ __device__ __forceinline__ int64_t global_ns() {
     return int64_t(t);
 }
 
-// Victims uploaded after the launch (expert_fetch_header::victims_wanted): returns once upload
-// `wanted` has landed, or after 2 s, when the host is gone: then the error is flagged for the
-// host (it fails the step) and false returned (the layer fills nothing; its misses are read in
-// place). One thread calls it.
+// Victims after the launch (expert_fetch_header::victims_wanted): returns once the host has
+// written step `wanted`'s victims (its word at victims_ready, in host memory), or after 2 s, when
+// the host is gone: then the error is flagged for the host (it fails the step) and false returned
+// (the layer fills nothing; its misses are read in place). One thread calls it.
 __device__ __forceinline__ bool wait_for_victims(mgl::expert_fetch_header* h, int64_t wanted) {
-    const auto* landed = reinterpret_cast<const volatile int64_t*>(&h->victims_seq);
-    if (*landed >= wanted) {
-        __threadfence();
+    const auto* ready = reinterpret_cast<const volatile int64_t*>(h->victims_ready);
+    if (!ready) return false;  // not set up: nothing will come
+    // (The fences order the victims' loads after the word's, for the whole block: they follow
+    // a __syncthreads.)
+    if (*ready >= wanted) {
+        __threadfence_system();
         return true;
     }
     // An earlier layer gave up already: the host is gone, do not wait 2 s per layer.
     if (*reinterpret_cast<const volatile int64_t*>(&h->victims_late)) return false;
     const int64_t give_up = global_ns() + 2'000'000'000;
-    while (*landed < wanted) {
+    while (*ready < wanted) {
         if (global_ns() > give_up) {
             h->victims_late = 1;
             return false;
         }
         __nanosleep(200);
     }
-    __threadfence();
+    __threadfence_system();
     return true;
 }
 
-// The victims and the ranks are read through L2 (__ldcg, never a stale L1 line): the host's
-// upload stream may have written them while this step ran (victims_wanted).
+// The victims and the ranks are read with volatile loads: they may be in host memory that the
+// host wrote while this step ran (victims_ready), which no cached line may hide.
+__device__ __forceinline__ int32_t load_victim(const int32_t* v) {
+    return *reinterpret_cast<const volatile int32_t*>(v);
+}
 __device__ __forceinline__ mgl::expert_fetch_rank load_rank(const mgl::expert_fetch_rank* r) {
-    const auto* w = reinterpret_cast<const unsigned long long*>(r);
-    return {__longlong_as_double(static_cast<long long>(__ldcg(w))), __ldcg(w + 1)};
+    const auto* w = reinterpret_cast<const volatile unsigned long long*>(r);
+    return {__longlong_as_double(static_cast<long long>(w[0])), w[1]};
 }
 
 // Plans one MoE layer's fetch: every thread of the block calls it (it synchronizes the block),
@@ -187,7 +193,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
     auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
     for (int i = tid; i < s.n_cands; i += n_threads) {
-        const int32_t v = __ldcg(victims + s.next_victim + i);
+        const int32_t v = load_victim(victims + s.next_victim + i);
         s.cand_slot[i] = v;
         s.cand_key[i] = slot_keys[v];
     }

@@ -206,7 +206,10 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
 TEST_CASE("expert offload, device fetch: misses fetched into slots by the step change nothing") {
     // The CPU backend runs mgl::expert_fetch with host memory as "device" memory: the same
     // plan as the CUDA kernels, the tables rewritten inside the graph, the host's replay of the
-    // fill log checked against the tables and slots after every step.
+    // fill log checked against the tables and slots after every step. With the victims in the
+    // host block of victims after the launch too (ExpertOffload::set_victims_after_launch; the
+    // CPU backend runs every step as it is queued, so none is deferred, but the plan reads the
+    // victims and ranks where a deferred step's plan would).
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel plain = open_test_model(path);
     TestModel cached = open_test_model(path);
@@ -214,53 +217,57 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
     const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
     const auto& [ref_prompt, tokens, ref_steps] = ref;
     // 8 slots: fewer than a step's misses, so some are read in place (the victims run out).
-    for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(12)},
-                                        {routing::Policy::lru, int64_t(24)},
-                                        {routing::Policy::lfu, int64_t(8)}}) {
-        CAPTURE(std::string(routing::policy_name(policy)));
-        CAPTURE(slots);
-        routing::CacheConfig cfg;
-        cfg.policy = policy;
-        cfg.n_slots = slots;
-        ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
-        REQUIRE(offload.uses_device_fetch());
-        REQUIRE(!offload.uses_staging());  // the registered store: misses read from home
-        Session s(*cached.model, *cached.backend, SessionParams{});
-        offload.attach(s);
-        routing::RoutingTrace trace = empty_trace(*cached.model);
-        record_routing(s, trace);
-        s.set_expert_cache_hook([&](const RoutingRecord& r) {
-            offload.after_step(r);
+    for (const bool host_block : {false, true})
+        for (const auto& [policy, slots] : {std::pair{routing::Policy::decay, int64_t(12)},
+                                            {routing::Policy::lru, int64_t(24)},
+                                            {routing::Policy::lfu, int64_t(8)}}) {
+            CAPTURE(host_block);
+            CAPTURE(std::string(routing::policy_name(policy)));
+            CAPTURE(slots);
+            routing::CacheConfig cfg;
+            cfg.policy = policy;
+            cfg.n_slots = slots;
+            ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+            offload.set_victims_after_launch(host_block);
+            CHECK(offload.victims_after_launch() == host_block);
+            REQUIRE(offload.uses_device_fetch());
+            REQUIRE(!offload.uses_staging());  // the registered store: misses read from home
+            Session s(*cached.model, *cached.backend, SessionParams{});
+            offload.attach(s);
+            routing::RoutingTrace trace = empty_trace(*cached.model);
+            record_routing(s, trace);
+            s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                offload.after_step(r);
+                check_tables(offload, *cached.model);
+            });
+            CHECK(s.eval(prompt, true) == ref_prompt);
+            bool all_equal = true;
+            for (size_t i = 0; i < tokens.size(); ++i) {
+                const int32_t one[1] = {tokens[i]};
+                all_equal = all_equal && s.eval(one) == ref_steps[i];
+            }
+            CHECK(all_equal);
+            const OffloadStats& st = offload.stats();
+            CHECK(st.steps == 1 + int64_t(tokens.size()));
+            CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
+            // The simulator's model of the device fetch predicts the engine exactly.
+            const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
+            CHECK(st.hits == sim.hits);
+            CHECK(st.fills == sim.fills);
+            CHECK(st.fills > slots);  // slots were refilled
+            CHECK(st.hits > 0);
+            if (slots == 8) CHECK(st.reads_in_place > 0);
+            CHECK(st.host_ns > 0);  // before_step's time, through attach's prepare
+            MESSAGE("device fetch, " << std::string(routing::policy_name(policy)) << " " << slots
+                                     << " slots: " << st.hits << " hits of " << st.accesses << ", "
+                                     << st.fills << " fills, " << st.reads_in_place
+                                     << " reads in place");
+            // A cold cache again: every entry home, and the run repeats with the same logits.
+            offload.reset();
             check_tables(offload, *cached.model);
-        });
-        CHECK(s.eval(prompt, true) == ref_prompt);
-        bool all_equal = true;
-        for (size_t i = 0; i < tokens.size(); ++i) {
-            const int32_t one[1] = {tokens[i]};
-            all_equal = all_equal && s.eval(one) == ref_steps[i];
+            s.truncate(0);
+            CHECK(s.eval(prompt, true) == ref_prompt);
         }
-        CHECK(all_equal);
-        const OffloadStats& st = offload.stats();
-        CHECK(st.steps == 1 + int64_t(tokens.size()));
-        CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
-        // The simulator's model of the device fetch predicts the engine exactly.
-        const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
-        CHECK(st.hits == sim.hits);
-        CHECK(st.fills == sim.fills);
-        CHECK(st.fills > slots);  // slots were refilled
-        CHECK(st.hits > 0);
-        if (slots == 8) CHECK(st.reads_in_place > 0);
-        CHECK(st.host_ns > 0);  // before_step's time, through attach's prepare
-        MESSAGE("device fetch, " << std::string(routing::policy_name(policy)) << " " << slots
-                                 << " slots: " << st.hits << " hits of " << st.accesses << ", "
-                                 << st.fills << " fills, " << st.reads_in_place
-                                 << " reads in place");
-        // A cold cache again: every entry home, and the run repeats with the same logits.
-        offload.reset();
-        check_tables(offload, *cached.model);
-        s.truncate(0);
-        CHECK(s.eval(prompt, true) == ref_prompt);
-    }
 }
 
 TEST_CASE("expert offload, prefetch: predicted experts filled a layer early change nothing") {
@@ -369,6 +376,9 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         cfg.policy = policy;
         cfg.n_slots = slots;
         ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+        // The key ranks a recycling plan compares are read from the host block of victims after
+        // the launch (same decisions: the simulator below).
+        offload.set_victims_after_launch(policy == routing::Policy::lfu);
         Session s(*cached.model, *cached.backend, sp);
         offload.attach(s);
         routing::RoutingTrace trace = empty_trace(*cached.model);

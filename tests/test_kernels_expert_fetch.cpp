@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -116,25 +117,45 @@ struct FetchWorld {
         c[offsetof(mgl::expert_fetch_header, victims_wanted) / 8] = wanted;
         CUDA_CHECK(cudaMemcpy(header.ptr, c.data(), kCounterWords * 8, cudaMemcpyHostToDevice));
     }
-    // Victims after the launch, as ExpertOffload queues them on its upload queue: the victims,
-    // their ranks and the key ranks, then the header's victims_seq = `seq`, on `stream`. The
-    // host memory must stay as it is until the stream is done.
-    void upload_after_launch(const std::vector<int32_t>& v,
-                             const std::vector<mgl::expert_fetch_rank>& vr,
-                             const std::vector<mgl::expert_fetch_rank>& kr, const int64_t& seq,
-                             cudaStream_t stream) {
-        if (!v.empty()) {
-            CUDA_CHECK(cudaMemcpyAsync(victims.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice,
-                                       stream));
-            CUDA_CHECK(cudaMemcpyAsync(victim_ranks.ptr, vr.data(),
-                                       vr.size() * sizeof(mgl::expert_fetch_rank),
-                                       cudaMemcpyHostToDevice, stream));
+    // Victims after the launch, as ExpertOffload sets them up: the victims, their ranks and
+    // the key ranks in pinned host memory the plans read over the link, with the ready word.
+    struct LateBlock {
+        void* p = nullptr;
+        LateBlock() = default;
+        LateBlock(const LateBlock&) = delete;
+        LateBlock& operator=(const LateBlock&) = delete;
+        ~LateBlock() {
+            if (p) (void)cudaFreeHost(p);
         }
-        CUDA_CHECK(cudaMemcpyAsync(key_ranks.ptr, kr.data(),
-                                   kr.size() * sizeof(mgl::expert_fetch_rank),
-                                   cudaMemcpyHostToDevice, stream));
-        auto* h = header.as<mgl::expert_fetch_header>();
-        CUDA_CHECK(cudaMemcpyAsync(&h->victims_seq, &seq, 8, cudaMemcpyHostToDevice, stream));
+    } late;
+    int64_t* ready = nullptr;
+    int32_t* late_victims = nullptr;
+    mgl::expert_fetch_rank *late_victim_ranks = nullptr, *late_key_ranks = nullptr;
+    void victims_in_host_memory() {
+        const size_t bytes = 8 + size_t(S) * 4 + size_t(S) * sizeof(mgl::expert_fetch_rank) +
+                             size_t(L * E) * sizeof(mgl::expert_fetch_rank) + 16;
+        CUDA_CHECK(cudaHostAlloc(&late.p, bytes, cudaHostAllocDefault));
+        std::memset(late.p, 0, bytes);
+        ready = static_cast<int64_t*>(late.p);
+        late_victim_ranks = reinterpret_cast<mgl::expert_fetch_rank*>(ready + 1);
+        late_key_ranks = late_victim_ranks + S;
+        late_victims = reinterpret_cast<int32_t*>(late_key_ranks + L * E);
+        mgl::expert_fetch_header h;
+        CUDA_CHECK(cudaMemcpy(&h, header.ptr, sizeof h, cudaMemcpyDeviceToHost));
+        h.victims = reinterpret_cast<int64_t>(late_victims);
+        h.victim_ranks = reinterpret_cast<int64_t>(late_victim_ranks);
+        h.key_ranks = reinterpret_cast<int64_t>(late_key_ranks);
+        h.victims_ready = reinterpret_cast<int64_t>(ready);
+        CUDA_CHECK(cudaMemcpy(header.ptr, &h, sizeof h, cudaMemcpyHostToDevice));
+    }
+    // Writes them while the step runs, then step `seq`'s number into the ready word.
+    void write_after_launch(const std::vector<int32_t>& v,
+                            const std::vector<mgl::expert_fetch_rank>& vr,
+                            const std::vector<mgl::expert_fetch_rank>& kr, int64_t seq) {
+        std::copy(v.begin(), v.end(), late_victims);
+        std::copy(vr.begin(), vr.end(), late_victim_ranks);
+        std::copy(kr.begin(), kr.end(), late_key_ranks);
+        std::atomic_ref<int64_t>(*ready).store(seq, std::memory_order_release);
     }
     int64_t victims_late() const {
         mgl::expert_fetch_header h;
@@ -252,10 +273,9 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
     };
     const int64_t L = 4, S = 24, D = 256, n_steps = 48;
     const int64_t blob = 200000 + 48;  // two copy chunks and a tail
-    cudaStream_t main_stream, late_kernels, late_stream;
+    cudaStream_t main_stream, late_kernels;
     CUDA_CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&late_kernels, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&late_stream, cudaStreamNonBlocking));
     uint64_t seed = 900;
     for (const Config& c : configs) {
         const std::string what = c.what;  // doctest prints a char pointer as an address
@@ -270,10 +290,11 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             std::memcpy(&home_bytes[i], &r, 8);
         }
         DeviceBuffer home_blobs(home_bytes);
-        // `late`: the unfused kernels with the victims uploaded after the step's launch, on
-        // another stream, after the host waited a little (the plans that miss wait for them).
+        // `late`: the unfused kernels with the victims in host memory, written after the step's
+        // launch, after the host waited a little (the plans that miss wait for them).
         FetchWorld unfused(L, E, S, blob, home_blobs, k), fused(L, E, S, blob, home_blobs, k),
             late(L, E, S, blob, home_blobs, k);
+        late.victims_in_host_memory();
         RouteOut out_u(L, T, E, k), out_f(L, T, E, k), out_l(L, T, E, k);
         // Each layer's hot experts (higher logits on average), so that steps also hit.
         std::vector<std::vector<char>> hot(size_t(L), std::vector<char>(size_t(E), 0));
@@ -385,10 +406,9 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
             }
             // The late path's victims, well after its plans were queued.
             std::this_thread::sleep_for(std::chrono::microseconds(200));
-            late.upload_after_launch(victims, victim_ranks, key_ranks, seq, late_stream);
+            late.write_after_launch(victims, victim_ranks, key_ranks, seq);
             CUDA_CHECK(cudaStreamSynchronize(main_stream));
             CUDA_CHECK(cudaStreamSynchronize(late_kernels));
-            CUDA_CHECK(cudaStreamSynchronize(late_stream));
             const FetchWorld::Snapshot a = unfused.snapshot(home_bytes),
                                        b = fused.snapshot(home_bytes),
                                        d = late.snapshot(home_bytes);
@@ -445,7 +465,6 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
     }
     CUDA_CHECK(cudaStreamDestroy(main_stream));
     CUDA_CHECK(cudaStreamDestroy(late_kernels));
-    CUDA_CHECK(cudaStreamDestroy(late_stream));
 }
 
 TEST_CASE("cuda expert fetch gives up on victims that never come" * doctest::skip(no_gpu)) {
@@ -456,8 +475,7 @@ TEST_CASE("cuda expert fetch gives up on victims that never come" * doctest::ski
     std::vector<uint8_t> home_bytes(size_t(L * E * blob), 7);
     DeviceBuffer home_blobs(home_bytes);
     FetchWorld world(L, E, S, blob, home_blobs, 6);
-    std::vector<int32_t> victims(static_cast<size_t>(S));
-    std::iota(victims.begin(), victims.end(), 0);
+    world.victims_in_host_memory();
     world.counters(S, false, 1);
     const std::vector<int32_t> ids = {3, 9, 17, 30, 41, 60};
     DeviceBuffer d_ids(ids);

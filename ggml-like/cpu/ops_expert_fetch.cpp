@@ -40,8 +40,8 @@ void run_expert_fetch(exec_context&, tensor& node) {
                   std::to_string(node.src[0]->shape[0]) + " does not match the fetch state");
     // This backend runs the step as the host queues it: victims promised for after the launch
     // (expert_fetch_header::victims_wanted) could never arrive.
-    MGL_CHECK(h->victims_wanted <= h->victims_seq,
-              "expert_fetch: the victims were not uploaded before the step (a host backend "
+    MGL_CHECK(h->victims_wanted == 0,
+              "expert_fetch: the victims were not written before the step (a host backend "
               "cannot wait for them)");
     std::vector<char> used(size_t(E), 0);
     for (int64_t i = 0; i < n_ids; ++i) {

@@ -149,7 +149,6 @@ ExpertOffload::~ExpertOffload() {
     try {
         if (transfers_) transfers_->drain();
         backend_.synchronize();
-        if (victims_queue_) victims_queue_->drain();
         point_home();
     } catch (...) {
     }
@@ -160,15 +159,11 @@ void ExpertOffload::set_victims_after_launch(bool on) {
         throw std::invalid_argument(
             "expert cache: victims after the launch need the device fetch and a host store the "
             "GPU reads (not the staging store)");
-    if (on == (victims_queue_ != nullptr)) return;
+    if (on == victims_after_launch_) return;
     backend_.synchronize();
     settle();
-    if (victims_queue_) {
-        victims_queue_->drain();
-        victims_queue_.reset();
-        victims_fence_ = 0;
-    }
-    if (on) victims_queue_ = backend_.make_transfer_queue();
+    victims_after_launch_ = on;
+    write_victims_words();
 }
 
 const OffloadStats& ExpertOffload::stats() {
@@ -183,11 +178,8 @@ void ExpertOffload::reset() {
     if (transfers_) transfers_->drain();
     backend_.synchronize();
     if (proxy_) proxy_->drain();
-    // The last step counts (the counters keep running); its upload is done before the state is
-    // written again.
+    // The last step counts (the counters keep running).
     settle();
-    if (victims_queue_) victims_queue_->drain();
-    victims_fence_ = 0;
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);
     fill_fence_.assign(fill_fence_.size(), 0);

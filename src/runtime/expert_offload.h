@@ -137,12 +137,13 @@ public:
     int64_t engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
     // Victims after the launch (device fetch, not the staging store; docs/expert-cache.md
-    // "Victims after the launch"): a decode step the backend launches whole gets its victims
-    // from the upload queue right after its launch, and the previous step's replay runs then
-    // too, while the step runs, instead of between the two steps. A fetch that misses waits
-    // for them on the device. Off: both happen before the launch.
+    // "Victims after the launch"): the victims and ranks live in pinned host memory that the
+    // device reads over the link; a decode step the backend launches whole gets them written
+    // right after its launch, and the previous step's replay runs then too, while the step
+    // runs, instead of between the two steps. A fetch that misses waits for them on the
+    // device. Off: both happen before the launch, the victims uploaded into device memory.
     void set_victims_after_launch(bool on);
-    bool victims_after_launch() const { return victims_queue_ != nullptr; }
+    bool victims_after_launch() const { return victims_after_launch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph);
     // `launched_whole`: the backend queues the graph whole (mgl::backend::launches_whole).
     void before_step(int64_t n_tokens, bool launched_whole = false);
@@ -212,14 +213,18 @@ private:
     // unless its victims came after its launch.
     void stash_replay(const RoutingRecord& r);
     // Device fetch: the policy's victims and their ranks (and with `recycle` every key's arrival
-    // rank) into the upload staging after the counters, as the state lays them out; returns
-    // the words to upload from the state's victims on.
+    // rank), laid out as the state lays them out from its victims on, into victims_at(); returns
+    // the words written.
     size_t stage_victims(int64_t most, bool prompt, bool recycle);
-    // Victims after the launch: the pending replay, then the launched step's victims, uploaded
-    // on the upload queue and signalled (expert_fetch_header::victims_seq).
-    void upload_victims_after_launch();
-    // Waits until the upload queue no longer reads the upload staging.
-    void wait_victims_upload();
+    // Where stage_victims writes: the host block the device reads (victims after the launch),
+    // else the upload staging after the counters.
+    int64_t* victims_at();
+    // Victims after the launch: the pending replay, then the launched step's victims, written
+    // into the host block, then its number into the ready word (expert_fetch_header::
+    // victims_ready).
+    void write_victims_after_launch();
+    // The header's words that say where the victims are and whether they come after the launch.
+    void write_victims_words();
     // Host bookkeeping of one expert moving into `slot` (evicting its occupant).
     void occupy(int32_t slot, int32_t key);
     // Forgets the fills whose fence has passed (their slots may be pointed at now).
@@ -259,23 +264,23 @@ private:
     int log_next_ = 0;     // the buffer the next queue_fill_log uses
     int log_queued_ = -1;  // the buffer queue_fill_log filled for the step not yet stashed
     std::optional<PendingReplay> pending_replay_;
-    // Victims after the launch: the step before_step deferred (its victims are owed to it by
-    // queue_fill_log), what it promised the device (n_victims, recycle), the uploads' count
-    // (the device's victims_seq follows it) and the last upload's fence.
+    // Victims after the launch: on; the host block the device reads them from (pinned: the
+    // ready word, then the victims, their ranks and the key ranks as the state lays them out);
+    // the step before_step deferred (its victims are owed to it by queue_fill_log), what it
+    // promised the device (n_victims, recycle); the steps numbered so far (the ready word
+    // follows it).
+    bool victims_after_launch_ = false;
+    mgl::buffer_ptr late_host_;
     bool step_deferred_ = false;
     bool victims_owed_ = false;
     int64_t owed_victims_ = 0;
     bool owed_recycle_ = false;
     int64_t victims_seq_ = 0;
-    uint64_t victims_fence_ = 0;
     // The staging store: the stage (pinned, device-mapped host memory; the tensor's data is its
     // host address, which is also its device address), null otherwise.
     bool staging_ = false;
     mgl::buffer_ptr stage_buf_;
     mgl::tensor* stage_ = nullptr;
-    // Victims after the launch: the queue that uploads them (declared after the state and the
-    // staging it copies between, so it is gone first).
-    std::unique_ptr<mgl::transfer_queue> victims_queue_;
     // Prefetch by the copy engines (set_prefetch): declared last so it stops, and its copies
     // land, before the state and the slots are freed.
     std::unique_ptr<PrefetchProxy> proxy_;

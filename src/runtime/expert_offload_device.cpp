@@ -2,6 +2,7 @@
 // mgl::expert_fetch nodes share with the host, the victims offered before each step, and the
 // replay of the device's fill log after it. The host fetch is in expert_offload.cpp.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -136,6 +137,44 @@ void ExpertOffload::setup_device_fetch() {
     backend_.copy_to_backend(base, init.data(), init.size() * sizeof(int64_t));
     if (proxy_) write_proxy_words();
     if (staging_) setup_stage();
+    // The host staging at its largest now (the counters and victims up, every key's fill down),
+    // so that nothing is allocated while a step runs (victims after the launch: an allocation
+    // may wait for the device, which may be waiting for this host).
+    backend_.host_staging(upload_host_,
+                          (kCounterWords + (at.tables - at.victims)) * sizeof(int64_t));
+    for (auto& log : log_host_)
+        backend_.host_staging(log, (at.fill_log + size_t(L * E)) * sizeof(int64_t));
+    write_victims_words();
+}
+
+void ExpertOffload::write_victims_words() {
+    const StateLayout at = layout();
+    auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
+    auto* base = static_cast<int64_t*>(state_buf_->base());
+    if (victims_after_launch_ && !late_host_) {
+        late_host_ = backend_.alloc_host_buffer((1 + at.tables - at.victims) * sizeof(int64_t));
+        std::memset(late_host_->base(), 0, late_host_->size());
+    }
+    // Pinned host memory: with unified addressing its host address is its device address.
+    auto* late = victims_after_launch_ ? static_cast<int64_t*>(late_host_->base()) : nullptr;
+    if (late) *late = victims_seq_;  // the ready word: every step numbered so far is written
+    int64_t* victims = late ? late + 1 : base + at.victims;
+    auto put = [&](int64_t* word, const void* value) {
+        backend_.copy_to_backend(word, value, sizeof(int64_t));
+    };
+    const int64_t addrs[4] = {reinterpret_cast<int64_t>(victims),
+                              reinterpret_cast<int64_t>(victims + (at.victim_ranks - at.victims)),
+                              reinterpret_cast<int64_t>(victims + (at.key_ranks - at.victims)),
+                              reinterpret_cast<int64_t>(late)};
+    put(&state->victims, &addrs[0]);
+    put(&state->victim_ranks, &addrs[1]);
+    put(&state->key_ranks, &addrs[2]);
+    put(&state->victims_ready, &addrs[3]);
+}
+
+int64_t* ExpertOffload::victims_at() {
+    if (victims_after_launch_) return static_cast<int64_t*>(late_host_->base()) + 1;
+    return static_cast<int64_t*>(upload_host_->base()) + kCounterWords;
 }
 
 void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
@@ -157,9 +196,8 @@ void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
     // device needs before it runs is known now (how many victims: every slot once, at most
     // `most`; whether to recycle); which ones needs the previous step's replay, which then runs
     // beside this step (queue_fill_log). Any other step settles that replay first.
-    step_deferred_ = victims_queue_ && launched_whole && !staging_ && !prompt;
+    step_deferred_ = victims_after_launch_ && launched_whole && !staging_ && !prompt;
     if (!step_deferred_) settle();
-    wait_victims_upload();
     const StateLayout at = layout();
     auto* base = static_cast<int64_t*>(state_buf_->base());
     const size_t span = at.tables - at.victims;  // victims .. the end of key_ranks, in words
@@ -174,12 +212,14 @@ void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
         owed_recycle_ = recycle;
         ++victims_seq_;
     } else {
-        // Everything goes up from pinned memory (a pageable source makes the driver stage each
-        // copy while the GPU idles between steps) in two copies: the counters, and the victims
-        // with the ranks, laid out there as in the state.
+        // Victims after the launch (on, for a step that is not deferred): written into the host
+        // block the device reads, before the launch. Otherwise everything goes up from pinned
+        // memory (a pageable source makes the driver stage each copy while the GPU idles
+        // between steps) in two copies: the counters, and the victims with the ranks, laid out
+        // there as in the state.
         const size_t words = stage_victims(most, prompt, recycle);
         n_victims = int64_t(victims_.size());
-        if (words)
+        if (words && !victims_after_launch_)
             backend_.copy_to_backend_async(base + at.victims, counters + kCounterWords,
                                            words * sizeof(int64_t));
     }
@@ -214,11 +254,9 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
     }
     const StateLayout at = layout();
     const size_t span = at.tables - at.victims;
-    // The staging is rewritten only when its last upload is done (the step's wait, or
-    // wait_victims_upload for the upload queue).
-    auto* counters = static_cast<int64_t*>(
-        backend_.host_staging(upload_host_, (kCounterWords + span) * sizeof(int64_t)));
-    int64_t* staged = counters + kCounterWords;  // the state's word at.victims
+    // Rewritten only once the steps that read it are done: the host has waited for the last one
+    // (and for its upload, which was queued before it).
+    int64_t* staged = victims_at();  // the state's word at.victims
     std::copy(victims_.begin(), victims_.end(), reinterpret_cast<int32_t*>(staged));
     auto* victim_ranks =
         reinterpret_cast<mgl::expert_fetch_rank*>(staged + (at.victim_ranks - at.victims));
@@ -242,38 +280,24 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
     return words;
 }
 
-void ExpertOffload::upload_victims_after_launch() {
+void ExpertOffload::write_victims_after_launch() {
     victims_owed_ = false;
-    const StateLayout at = layout();
-    auto* base = static_cast<int64_t*>(state_buf_->base());
-    auto* h = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
-    // The launched step's fetches that miss wait for this signal: it is sent whatever happens
+    // The launched step's fetches that miss wait for the ready word: it is set whatever happens
     // here (the device keeps its tables true with any victims it is offered; an error here
     // reaches the caller).
-    struct Signal {
+    struct Ready {
         ExpertOffload& o;
-        int64_t* word;
-        ~Signal() {
-            try {
-                o.victims_queue_->signal(word, o.victims_seq_);
-                o.victims_fence_ = o.victims_queue_->fence();
-            } catch (...) {  // the fetches give up after 2 s and the replay reports it
-            }
+        ~Ready() {
+            std::atomic_ref<int64_t>(*static_cast<int64_t*>(o.late_host_->base()))
+                .store(o.victims_seq_, std::memory_order_release);
         }
-    } signal{*this, &h->victims_seq};
+    } ready{*this};
     settle();
-    const size_t words = stage_victims(most_fills_, false, owed_recycle_);
+    stage_victims(most_fills_, false, owed_recycle_);
     if (int64_t(victims_.size()) != owed_victims_)
         throw std::logic_error("expert cache: " + std::to_string(victims_.size()) +
                                " victims for the " + std::to_string(owed_victims_) +
                                " promised to the step");
-    const auto* staged = static_cast<const int64_t*>(upload_host_->base()) + kCounterWords;
-    if (words) victims_queue_->copy(base + at.victims, staged, words * sizeof(int64_t));
-}
-
-void ExpertOffload::wait_victims_upload() {
-    if (victims_queue_ && victims_fence_ && !victims_queue_->done(victims_fence_))
-        victims_queue_->drain();
 }
 
 const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
@@ -288,7 +312,7 @@ const int32_t* ExpertOffload::queue_fill_log(int64_t n_tokens) {
     log_queued_ = b;
     if (victims_owed_) {
         HostTime t(stats_.host_beside_ns);
-        upload_victims_after_launch();
+        write_victims_after_launch();
     }
     // The fetch logs ids that fit the id log's stride (mgl::expert_fetch_header::id_log).
     return n_tokens * top_k_ <= top_k_ ? reinterpret_cast<const int32_t*>(staged + at.id_log)
