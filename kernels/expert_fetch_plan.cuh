@@ -40,6 +40,9 @@ struct PlanShared {
     int32_t n_misses, n_cands, n_fills, n_arr;
     int64_t next_victim, first_fill, first_arrival;
     bool recycle;
+    // Victims after the launch: this plan copies the step's n_victims into device memory.
+    bool copy_victims;
+    int64_t n_victims;
 };
 
 __device__ __forceinline__ bool ranks_lower(double pa, unsigned long long sa, double pb,
@@ -71,12 +74,7 @@ __device__ __forceinline__ int64_t global_ns() {
 __device__ __forceinline__ bool wait_for_victims(mgl::expert_fetch_header* h, int64_t wanted) {
     const auto* ready = reinterpret_cast<const volatile int64_t*>(h->victims_ready);
     if (!ready) return false;  // not set up: nothing will come
-    // (The fences order the victims' loads after the word's, for the whole block: they follow
-    // a __syncthreads.)
-    if (*ready >= wanted) {
-        __threadfence_system();
-        return true;
-    }
+    if (*ready >= wanted) return true;
     // An earlier layer gave up already: the host is gone, do not wait 2 s per layer.
     if (*reinterpret_cast<const volatile int64_t*>(&h->victims_late)) return false;
     const int64_t give_up = global_ns() + 2'000'000'000;
@@ -87,18 +85,29 @@ __device__ __forceinline__ bool wait_for_victims(mgl::expert_fetch_header* h, in
         }
         __nanosleep(200);
     }
-    __threadfence_system();
     return true;
 }
 
-// The victims and the ranks are read with volatile loads: they may be in host memory that the
-// host wrote while this step ran (victims_ready), which no cached line may hide.
-__device__ __forceinline__ int32_t load_victim(const int32_t* v) {
-    return *reinterpret_cast<const volatile int32_t*>(v);
-}
-__device__ __forceinline__ mgl::expert_fetch_rank load_rank(const mgl::expert_fetch_rank* r) {
-    const auto* w = reinterpret_cast<const volatile unsigned long long*>(r);
-    return {__longlong_as_double(static_cast<long long>(w[0])), w[1]};
+// Victims after the launch, by the whole block once the host's word said they are written: the
+// step's n victims, their ranks and (recycling) every key's arrival rank, from the host block (the
+// ready word, then the layout the state has from its victims on) into the state, so that this
+// step's later plans read them from device memory instead of across the link, which the step's
+// fills keep busy. Volatile loads: no cached line may hide what the host wrote during the step.
+__device__ __forceinline__ void copy_victims_in(const mgl::expert_fetch_header* h, int64_t n,
+                                                bool key_ranks) {
+    const auto* from = reinterpret_cast<const volatile int64_t*>(h->victims_ready) + 1;
+    auto* to = reinterpret_cast<int64_t*>(h->victims);
+    const int64_t ranks_at = (h->victim_ranks - h->victims) / 8,
+                  keys_at = (h->key_ranks - h->victims) / 8;
+    const int64_t victim_words = (n + 1) / 2, rank_words = 2 * n,
+                  key_words = key_ranks ? 2 * h->n_layers * h->n_experts : 0;
+    for (int64_t i = threadIdx.x; i < victim_words + rank_words + key_words; i += blockDim.x) {
+        const int64_t w = i < victim_words ? i
+                          : i < victim_words + rank_words
+                              ? ranks_at + (i - victim_words)
+                              : keys_at + (i - victim_words - rank_words);
+        to[w] = from[w];
+    }
 }
 
 // Plans one MoE layer's fetch: every thread of the block calls it (it synchronizes the block),
@@ -116,7 +125,8 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     // Thread 0 reads the header's counters now, so their loads are in flight while the block
     // reads the ids and the table (one memory round trip less on the layer's critical path;
     // every earlier writer of the header has completed, see above).
-    int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0, victims_wanted = 0;
+    int64_t next_victim = 0, first_fill = 0, first_arrival = 0, n_victims = 0, victims_wanted = 0,
+            victims_copied = 0;
     int recycle = 0;
     int64_t last_t0 = 0, last_t1 = 0;  // the previous layer's fetch interval
     if (tid == 0) {
@@ -125,6 +135,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         first_arrival = h->n_arrivals;
         n_victims = h->n_victims;
         victims_wanted = h->victims_wanted;
+        victims_copied = h->victims_copied;
         recycle = p.prefetch ? 0 : h->recycle;
         last_t0 = h->fetch_t0;
         last_t1 = h->fetch_t1;
@@ -176,12 +187,18 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             // decode step) no candidate is read.
             int64_t left = n_victims - next_victim;
             const int64_t enough = m == 0 ? 0 : m + n_used + (p.prefetch ? p.n_protect : 0);
-            // Only a layer with misses reads the victims (and, recycling, the key ranks): only
-            // it waits for them when they come after the launch.
-            if (m > 0 && (left > 0 || s.recycle) && victims_wanted > 0 &&
-                !wait_for_victims(h, victims_wanted)) {
-                left = 0;
-                s.recycle = false;
+            // Only a layer with misses reads the victims (and, recycling, the key ranks): when
+            // they come after the launch, the step's first such layer waits for them and copies
+            // them in (below).
+            s.copy_victims = false;
+            s.n_victims = n_victims;
+            if (m > 0 && (left > 0 || s.recycle) && victims_wanted > victims_copied) {
+                if (wait_for_victims(h, victims_wanted)) {
+                    s.copy_victims = true;
+                } else {
+                    left = 0;
+                    s.recycle = false;
+                }
             }
             // (At most the arrays' 2 · MaxE: a prefetch's protected experts may add more; the
             // misses left without a candidate are then read in place, which is still correct.)
@@ -190,10 +207,21 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         }
     }
     __syncthreads();
+    if (s.copy_victims) {
+        // The host wrote the block before its word: the fence orders the block's loads after
+        // thread 0 saw the word (they follow it through the barrier above).
+        __threadfence_system();
+        copy_victims_in(h, s.n_victims, h->recycle != 0);
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            h->victims_copied = victims_wanted;
+        }
+    }
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
     auto* slot_keys = reinterpret_cast<int32_t*>(h->slot_keys);
     for (int i = tid; i < s.n_cands; i += n_threads) {
-        const int32_t v = load_victim(victims + s.next_victim + i);
+        const int32_t v = victims[s.next_victim + i];
         s.cand_slot[i] = v;
         s.cand_key[i] = slot_keys[v];
     }
@@ -204,9 +232,8 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         s.arr_slot[i] = slot;
         s.arr_key[i] = slot < 0 ? -1 : slot_keys[slot];
         if (slot >= 0) {
-            const mgl::expert_fetch_rank r = load_rank(key_ranks + s.arr_key[i]);
-            s.arr_priority[i] = r.priority;
-            s.arr_stamp[i] = r.stamp;
+            s.arr_priority[i] = key_ranks[s.arr_key[i]].priority;
+            s.arr_stamp[i] = key_ranks[s.arr_key[i]].stamp;
         }
     }
     __syncthreads();
@@ -234,7 +261,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
             }
             bool take_arrival = best >= 0;
             if (take_arrival && c < s.n_cands) {
-                const mgl::expert_fetch_rank r = load_rank(victim_ranks + s.next_victim + c);
+                const mgl::expert_fetch_rank r = victim_ranks[s.next_victim + c];
                 take_arrival =
                     ranks_lower(s.arr_priority[best], s.arr_stamp[best], r.priority, r.stamp);
             }

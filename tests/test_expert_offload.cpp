@@ -206,10 +206,9 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
 TEST_CASE("expert offload, device fetch: misses fetched into slots by the step change nothing") {
     // The CPU backend runs mgl::expert_fetch with host memory as "device" memory: the same
     // plan as the CUDA kernels, the tables rewritten inside the graph, the host's replay of the
-    // fill log checked against the tables and slots after every step. With the victims in the
-    // host block of victims after the launch too (ExpertOffload::set_victims_after_launch; the
-    // CPU backend runs every step as it is queued, so none is deferred, but the plan reads the
-    // victims and ranks where a deferred step's plan would).
+    // fill log checked against the tables and slots after every step. With victims after the
+    // launch switched on too (ExpertOffload::set_victims_after_launch): the CPU backend runs
+    // every step as it is queued, so none may be deferred, and the switch must change nothing.
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel plain = open_test_model(path);
     TestModel cached = open_test_model(path);
@@ -376,8 +375,7 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         cfg.policy = policy;
         cfg.n_slots = slots;
         ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
-        // The key ranks a recycling plan compares are read from the host block of victims after
-        // the launch (same decisions: the simulator below).
+        // Victims after the launch switched on changes nothing where no step is launched whole.
         offload.set_victims_after_launch(policy == routing::Policy::lfu);
         Session s(*cached.model, *cached.backend, sp);
         offload.attach(s);

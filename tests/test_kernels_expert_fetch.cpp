@@ -41,8 +41,10 @@ constexpr size_t kCounterWords = mgl::expert_fetch_counter_words;
 // points at (the layout of src/runtime/expert_offload_device.cpp does not matter here).
 struct FetchWorld {
     int64_t L, E, S, blob, stride, id_stride;
-    DeviceBuffer header, tables, table_addrs, victims, slot_keys, fill_log, victim_ranks, key_ranks,
-        arrivals, slots, homes, id_log;
+    // The victims, their ranks and the key ranks in one buffer, as ExpertOffload lays them out
+    // (a victims-after-the-launch block mirrors that layout).
+    DeviceBuffer header, tables, table_addrs, victim_span, slot_keys, fill_log, arrivals, slots,
+        homes, id_log;
     std::vector<int64_t> home_addrs;
 
     // `id_stride`: the id log's ids per layer (a decoded token's k, as the expert cache sets it).
@@ -57,11 +59,9 @@ struct FetchWorld {
           header(sizeof(mgl::expert_fetch_header), 0),
           tables(size_t(L * E) * 8),
           table_addrs(size_t(L) * 8),
-          victims(size_t(S) * 4),
+          victim_span(span_words(S, L * E_) * 8),
           slot_keys(size_t(S) * 4),
           fill_log(size_t(L * E) * 8),
-          victim_ranks(size_t(S) * sizeof(mgl::expert_fetch_rank)),
-          key_ranks(size_t(L * E) * sizeof(mgl::expert_fetch_rank)),
           arrivals(size_t(L * E) * 4),
           slots(size_t(S * stride)),
           homes(size_t(L * E) * 8),
@@ -86,26 +86,43 @@ struct FetchWorld {
         h.slot_stride = stride;
         h.tables = reinterpret_cast<int64_t>(table_addrs.ptr);
         h.homes = reinterpret_cast<int64_t>(homes.ptr);
-        h.victims = reinterpret_cast<int64_t>(victims.ptr);
+        h.victims = reinterpret_cast<int64_t>(victims());
         h.slot_keys = reinterpret_cast<int64_t>(slot_keys.ptr);
         h.fill_log = reinterpret_cast<int64_t>(fill_log.ptr);
-        h.victim_ranks = reinterpret_cast<int64_t>(victim_ranks.ptr);
-        h.key_ranks = reinterpret_cast<int64_t>(key_ranks.ptr);
+        h.victim_ranks = reinterpret_cast<int64_t>(victim_ranks());
+        h.key_ranks = reinterpret_cast<int64_t>(key_ranks());
         h.arrivals = reinterpret_cast<int64_t>(arrivals.ptr);
         h.id_log = reinterpret_cast<int64_t>(id_log.ptr);
         h.id_log_stride = id_stride;
         CUDA_CHECK(cudaMemcpy(header.ptr, &h, sizeof h, cudaMemcpyHostToDevice));
     }
 
+    // Words of the span: victims (i32, two per word), their ranks, the key ranks.
+    static size_t span_words(int64_t n_victims, int64_t n_keys) {
+        return size_t((n_victims + 1) / 2 + 2 * n_victims + 2 * n_keys);
+    }
+    static size_t ranks_at(int64_t n_victims) { return size_t((n_victims + 1) / 2); }
+    static size_t keys_at(int64_t n_victims) { return ranks_at(n_victims) + size_t(2 * n_victims); }
+    int32_t* victims() const { return victim_span.as<int32_t>(); }
+    mgl::expert_fetch_rank* victim_ranks() const {
+        return reinterpret_cast<mgl::expert_fetch_rank*>(victim_span.as<int64_t>() + ranks_at(S));
+    }
+    mgl::expert_fetch_rank* key_ranks() const {
+        return reinterpret_cast<mgl::expert_fetch_rank*>(victim_span.as<int64_t>() + keys_at(S));
+    }
+
     // What ExpertOffload::before_step uploads: the victims, their ranks, every key's arrival
     // rank and the zeroed counters.
     void before_step(const std::vector<int32_t>& v, const std::vector<mgl::expert_fetch_rank>& vr,
                      const std::vector<mgl::expert_fetch_rank>& kr, bool recycle) {
-        if (!v.empty()) {
-            victims.upload(v);
-            victim_ranks.upload(vr);
-        }
-        key_ranks.upload(kr);
+        auto up = [](void* dst, const auto& host) {
+            if (!host.empty())
+                CUDA_CHECK(cudaMemcpy(dst, host.data(), host.size() * sizeof(host[0]),
+                                      cudaMemcpyHostToDevice));
+        };
+        up(victims(), v);
+        up(victim_ranks(), vr);
+        up(key_ranks(), kr);
         counters(int64_t(v.size()), recycle, 0);
     }
     // The counters alone; `wanted` > 0: the victims and ranks come after the launch
@@ -117,8 +134,9 @@ struct FetchWorld {
         c[offsetof(mgl::expert_fetch_header, victims_wanted) / 8] = wanted;
         CUDA_CHECK(cudaMemcpy(header.ptr, c.data(), kCounterWords * 8, cudaMemcpyHostToDevice));
     }
-    // Victims after the launch, as ExpertOffload sets them up: the victims, their ranks and
-    // the key ranks in pinned host memory the plans read over the link, with the ready word.
+    // Victims after the launch, as ExpertOffload sets them up: a block of pinned host memory,
+    // the ready word then the span's layout, which the step's first plan that misses copies into
+    // the span once the word says they are written.
     struct LateBlock {
         void* p = nullptr;
         LateBlock() = default;
@@ -129,22 +147,13 @@ struct FetchWorld {
         }
     } late;
     int64_t* ready = nullptr;
-    int32_t* late_victims = nullptr;
-    mgl::expert_fetch_rank *late_victim_ranks = nullptr, *late_key_ranks = nullptr;
-    void victims_in_host_memory() {
-        const size_t bytes = 8 + size_t(S) * 4 + size_t(S) * sizeof(mgl::expert_fetch_rank) +
-                             size_t(L * E) * sizeof(mgl::expert_fetch_rank) + 16;
+    void victims_after_launch() {
+        const size_t bytes = (1 + span_words(S, L * E)) * 8;
         CUDA_CHECK(cudaHostAlloc(&late.p, bytes, cudaHostAllocDefault));
         std::memset(late.p, 0, bytes);
         ready = static_cast<int64_t*>(late.p);
-        late_victim_ranks = reinterpret_cast<mgl::expert_fetch_rank*>(ready + 1);
-        late_key_ranks = late_victim_ranks + S;
-        late_victims = reinterpret_cast<int32_t*>(late_key_ranks + L * E);
         mgl::expert_fetch_header h;
         CUDA_CHECK(cudaMemcpy(&h, header.ptr, sizeof h, cudaMemcpyDeviceToHost));
-        h.victims = reinterpret_cast<int64_t>(late_victims);
-        h.victim_ranks = reinterpret_cast<int64_t>(late_victim_ranks);
-        h.key_ranks = reinterpret_cast<int64_t>(late_key_ranks);
         h.victims_ready = reinterpret_cast<int64_t>(ready);
         CUDA_CHECK(cudaMemcpy(header.ptr, &h, sizeof h, cudaMemcpyHostToDevice));
     }
@@ -152,9 +161,12 @@ struct FetchWorld {
     void write_after_launch(const std::vector<int32_t>& v,
                             const std::vector<mgl::expert_fetch_rank>& vr,
                             const std::vector<mgl::expert_fetch_rank>& kr, int64_t seq) {
-        std::copy(v.begin(), v.end(), late_victims);
-        std::copy(vr.begin(), vr.end(), late_victim_ranks);
-        std::copy(kr.begin(), kr.end(), late_key_ranks);
+        int64_t* span = ready + 1;
+        std::copy(v.begin(), v.end(), reinterpret_cast<int32_t*>(span));
+        std::copy(vr.begin(), vr.end(),
+                  reinterpret_cast<mgl::expert_fetch_rank*>(span + ranks_at(S)));
+        std::copy(kr.begin(), kr.end(),
+                  reinterpret_cast<mgl::expert_fetch_rank*>(span + keys_at(S)));
         std::atomic_ref<int64_t>(*ready).store(seq, std::memory_order_release);
     }
     int64_t victims_late() const {
@@ -294,7 +306,7 @@ TEST_CASE("cuda expert fetch planned by the routing launch: identical to the pla
         // launch, after the host waited a little (the plans that miss wait for them).
         FetchWorld unfused(L, E, S, blob, home_blobs, k), fused(L, E, S, blob, home_blobs, k),
             late(L, E, S, blob, home_blobs, k);
-        late.victims_in_host_memory();
+        late.victims_after_launch();
         RouteOut out_u(L, T, E, k), out_f(L, T, E, k), out_l(L, T, E, k);
         // Each layer's hot experts (higher logits on average), so that steps also hit.
         std::vector<std::vector<char>> hot(size_t(L), std::vector<char>(size_t(E), 0));
@@ -474,7 +486,7 @@ TEST_CASE("cuda expert fetch gives up on victims that never come" * doctest::ski
     std::vector<uint8_t> home_bytes(size_t(L * E * blob), 7);
     DeviceBuffer home_blobs(home_bytes);
     FetchWorld world(L, E, S, blob, home_blobs, 6);
-    world.victims_in_host_memory();
+    world.victims_after_launch();
     world.counters(S, false, 1);
     const std::vector<int32_t> ids = {3, 9, 17, 30, 41, 60};
     DeviceBuffer d_ids(ids);

@@ -180,10 +180,8 @@ struct expert_fetch_header {
     int64_t n_layers = 0, n_experts = 0, n_slots = 0;
     int64_t blob_bytes = 0;
     int64_t slot_base = 0, slot_stride = 0;  // address of slot 0; bytes from one slot to the next
-    int64_t tables = 0;  // [n_layers] i64: the address of each MoE layer's expert table
-    int64_t homes = 0;   // [n_layers · n_experts] i64: where each expert lives off the slots
-    // (victims, victim_ranks and key_ranks are in pinned host memory the host writes directly,
-    // read over the link, when victims_ready is set; else in this buffer, uploaded.)
+    int64_t tables = 0;        // [n_layers] i64: the address of each MoE layer's expert table
+    int64_t homes = 0;         // [n_layers · n_experts] i64: where each expert lives off the slots
     int64_t victims = 0;       // [n_victims] i32: slots the host offers, best victim first
     int64_t slot_keys = 0;     // [n_slots] i32: the key of each slot's expert, or -1
     int64_t fill_log = 0;      // [n_slots] pairs of i32 (key, slot), in the order they were filled
@@ -206,11 +204,14 @@ struct expert_fetch_header {
     // 1: each layer's own fills go to the proxy too, not only the prefetches' (the host sets it
     // with the ring; only fetches being captured post, as for a prefetch).
     int64_t proxy_demand = 0;
-    // Victims after the launch (see victims_wanted), kept across steps: the address of an i64 in
-    // pinned host memory, the number of the last step whose victims the host has written (0:
-    // off); and 1 when a fetch gave up waiting for them (after 2 s; it then filled nothing and
-    // its misses were read in place).
+    // Victims after the launch (see victims_wanted), kept across steps: the address of a block of
+    // pinned host memory (0: off) whose first i64 is the number of the last step whose victims
+    // the host has written after it, followed by those victims, their ranks and the key ranks
+    // laid out as from `victims` on; the number of the last step whose victims a fetch has
+    // copied from there into this buffer; and 1 when a fetch gave up waiting for them (after
+    // 2 s; it then filled nothing and its misses were read in place).
     int64_t victims_ready = 0;
+    int64_t victims_copied = 0;
     int64_t victims_late = 0;
 };
 // One prefetch the device asks the host to copy: expert `key` into slot `slot`.

@@ -148,32 +148,25 @@ void ExpertOffload::setup_device_fetch() {
 }
 
 void ExpertOffload::write_victims_words() {
-    const StateLayout at = layout();
-    auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
-    auto* base = static_cast<int64_t*>(state_buf_->base());
     if (victims_after_launch_ && !late_host_) {
+        const StateLayout at = layout();
         late_host_ = backend_.alloc_host_buffer((1 + at.tables - at.victims) * sizeof(int64_t));
         std::memset(late_host_->base(), 0, late_host_->size());
     }
     // Pinned host memory: with unified addressing its host address is its device address.
     auto* late = victims_after_launch_ ? static_cast<int64_t*>(late_host_->base()) : nullptr;
     if (late) *late = victims_seq_;  // the ready word: every step numbered so far is written
-    int64_t* victims = late ? late + 1 : base + at.victims;
-    auto put = [&](int64_t* word, const void* value) {
-        backend_.copy_to_backend(word, value, sizeof(int64_t));
-    };
-    const int64_t addrs[4] = {reinterpret_cast<int64_t>(victims),
-                              reinterpret_cast<int64_t>(victims + (at.victim_ranks - at.victims)),
-                              reinterpret_cast<int64_t>(victims + (at.key_ranks - at.victims)),
-                              reinterpret_cast<int64_t>(late)};
-    put(&state->victims, &addrs[0]);
-    put(&state->victim_ranks, &addrs[1]);
-    put(&state->key_ranks, &addrs[2]);
-    put(&state->victims_ready, &addrs[3]);
+    auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
+    const int64_t words[2] = {reinterpret_cast<int64_t>(late), victims_seq_};
+    static_assert(offsetof(mgl::expert_fetch_header, victims_copied) ==
+                  offsetof(mgl::expert_fetch_header, victims_ready) + sizeof(int64_t));
+    backend_.copy_to_backend(&state->victims_ready, words, sizeof words);
 }
 
 int64_t* ExpertOffload::victims_at() {
-    if (victims_after_launch_) return static_cast<int64_t*>(late_host_->base()) + 1;
+    // A deferred step's victims go to the host block its plans copy them from; any other step's
+    // into the staging uploaded before its launch.
+    if (step_deferred_) return static_cast<int64_t*>(late_host_->base()) + 1;
     return static_cast<int64_t*>(upload_host_->base()) + kCounterWords;
 }
 
@@ -212,14 +205,12 @@ void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
         owed_recycle_ = recycle;
         ++victims_seq_;
     } else {
-        // Victims after the launch (on, for a step that is not deferred): written into the host
-        // block the device reads, before the launch. Otherwise everything goes up from pinned
-        // memory (a pageable source makes the driver stage each copy while the GPU idles
-        // between steps) in two copies: the counters, and the victims with the ranks, laid out
-        // there as in the state.
+        // Everything goes up from pinned memory (a pageable source makes the driver stage each
+        // copy while the GPU idles between steps) in two copies: the counters, and the victims
+        // with the ranks, laid out there as in the state.
         const size_t words = stage_victims(most, prompt, recycle);
         n_victims = int64_t(victims_.size());
-        if (words && !victims_after_launch_)
+        if (words)
             backend_.copy_to_backend_async(base + at.victims, counters + kCounterWords,
                                            words * sizeof(int64_t));
     }
