@@ -588,8 +588,8 @@ public:
     // or a blocking download.
     virtual void compute(graph& g) = 0;
     // Whether compute(g) would queue the whole graph at once, before any of it runs (CUDA: a
-    // recorded graph's replay, or its capture and launch), so the host may still write, on
-    // another queue, inputs its kernels wait for. False: the host queues kernel by kernel (and
+    // recorded graph's replay, or its capture and launch), so the host may still write, after
+    // compute() returns, inputs its kernels wait for. False: the host queues kernel by kernel (and
     // may block between them) or runs them itself.
     virtual bool launches_whole(const graph&) const { return false; }
     virtual void synchronize() = 0;

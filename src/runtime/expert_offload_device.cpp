@@ -101,7 +101,8 @@ void ExpertOffload::setup_device_fetch() {
     }
     victims_.clear();
     most_fills_ = 0;
-    // The header starts over (victims_seq too): no step is owed or pending.
+    // The header starts over (victims_copied too; write_victims_words below sets the ready
+    // word): no step is owed or pending, the numbering restarts.
     victims_seq_ = 0;
     step_deferred_ = victims_owed_ = false;
     log_queued_ = -1;
