@@ -243,10 +243,10 @@ static bool copy_engines_asked(const char* var, bool otherwise) {
     throw UserError(std::string(var) + ": expected kernel or engines, found '" + v + "'");
 }
 
-// MINIDS_VICTIMS: `after-launch` (a replayed decode step's victims are uploaded while it runs,
-// and the previous step's replay runs then too: docs/expert-cache.md "Victims after the
-// launch") or `before-launch`; unset, after the launch where the device fetch reads a
-// registered store on a GPU.
+// MINIDS_VICTIMS: `after-launch` (a replayed decode step's victims are written into pinned host
+// memory while it runs, and the previous step's replay runs then too: docs/expert-cache.md
+// "Victims after the launch") or `before-launch`; unset, after the launch where the device
+// fetch reads a registered store on a GPU.
 static bool victims_after_launch_asked(bool possible) {
     const char* v = std::getenv("MINIDS_VICTIMS");
     if (!v || !*v) return possible;

@@ -137,11 +137,11 @@ public:
     int64_t engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
     // Victims after the launch (device fetch, not the staging store; docs/expert-cache.md
-    // "Victims after the launch"): the victims and ranks live in pinned host memory that the
-    // device reads over the link; a decode step the backend launches whole gets them written
-    // right after its launch, and the previous step's replay runs then too, while the step
-    // runs, instead of between the two steps. A fetch that misses waits for them on the
-    // device. Off: both happen before the launch, the victims uploaded into device memory.
+    // "Victims after the launch"): a decode step the backend launches whole gets its victims
+    // and ranks written into a pinned host block right after its launch, and the previous
+    // step's replay runs then too, while the step runs, instead of between the two steps; the
+    // step's first fetch that misses waits for them and copies them into device memory. Off
+    // (and for every other step): both happen before the launch, the victims uploaded.
     void set_victims_after_launch(bool on);
     bool victims_after_launch() const { return victims_after_launch_; }
     // Device fetch: offers the victim slots for an eval of n_tokens tokens (before its graph);
@@ -216,14 +216,15 @@ private:
     // rank), laid out as the state lays them out from its victims on, into victims_at(); returns
     // the words written.
     size_t stage_victims(int64_t most, bool prompt, bool recycle);
-    // Where stage_victims writes: the host block the device reads (victims after the launch),
+    // Where stage_victims writes: the host block (a deferred step: victims after the launch),
     // else the upload staging after the counters.
     int64_t* victims_at();
     // Victims after the launch: the pending replay, then the launched step's victims, written
     // into the host block, then its number into the ready word (expert_fetch_header::
     // victims_ready).
     void write_victims_after_launch();
-    // The header's words that say where the victims are and whether they come after the launch.
+    // The header's words of victims after the launch: the host block's address (0: off) and the
+    // steps whose victims are in device memory already (every one numbered so far).
     void write_victims_words();
     // Host bookkeeping of one expert moving into `slot` (evicting its occupant).
     void occupy(int32_t slot, int32_t key);

@@ -348,8 +348,8 @@ void ExpertOffload::replay_device_fills(const PendingReplay& p) {
             (proxy_ ? proxy_->slowest_issue() : std::string()) + ")");
     if (h.victims_late)
         throw std::runtime_error(
-            "expert cache: a fetch gave up waiting for its victims, uploaded after the launch "
-            "(the host did not send them within 2 s)");
+            "expert cache: a fetch gave up waiting for its victims, written after the launch "
+            "(the host did not write them within 2 s)");
     if (h.n_fills < 0 || h.n_fills > p.most_fills || h.next_victim < 0 ||
         h.next_victim > p.n_victims)
         throw std::logic_error("expert cache: the device fetch's counters are out of range");
