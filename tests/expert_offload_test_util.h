@@ -100,4 +100,21 @@ inline void check_tables(ExpertOffload& o, const Deepseek2Model& m) {
     check_tables(o, m, [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); });
 }
 
+// Makes `s`'s expert cache hook replay every step into `o` and then, once `backend` is done,
+// check the tables (check_tables with `read`), so an error names the step that made it.
+template <class Read>
+void check_tables_after_each_step(Session& s, ExpertOffload& o, const Deepseek2Model& m,
+                                  mgl::backend& backend, Read read) {
+    s.set_expert_cache_hook([&o, &m, &backend, read](const RoutingRecord& r) {
+        o.after_step(r);
+        backend.synchronize();
+        check_tables(o, m, read);
+    });
+}
+inline void check_tables_after_each_step(Session& s, ExpertOffload& o, const Deepseek2Model& m,
+                                         mgl::backend& backend) {
+    check_tables_after_each_step(
+        s, o, m, backend, [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); });
+}
+
 }  // namespace minids::test

@@ -235,10 +235,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
             offload.attach(s);
             routing::RoutingTrace trace = empty_trace(*cached.model);
             record_routing(s, trace);
-            s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                offload.after_step(r);
-                check_tables(offload, *cached.model);
-            });
+            check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
             CHECK(s.eval(prompt, true) == ref_prompt);
             bool all_equal = true;
             for (size_t i = 0; i < tokens.size(); ++i) {
@@ -295,10 +292,7 @@ TEST_CASE("expert offload, prefetch: predicted experts filled a layer early chan
         offload.set_prefetch(prefetch);
         Session s(*cached.model, *cached.backend, SessionParams{});
         offload.attach(s);
-        s.set_expert_cache_hook([&](const RoutingRecord& r) {
-            offload.after_step(r);
-            check_tables(offload, *cached.model);
-        });
+        check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
         CHECK(s.eval(prompt, true) == ref_prompt);
         CHECK(offload.stats().prefetches == 0);  // prompts do not prefetch
         const OffloadStats after_prompt = offload.stats();
@@ -381,10 +375,7 @@ TEST_CASE("expert offload, device fetch: prompts in short chunks re-evict arriva
         offload.attach(s);
         routing::RoutingTrace trace = empty_trace(*cached.model);
         record_routing(s, trace);
-        s.set_expert_cache_hook([&](const RoutingRecord& r) {
-            offload.after_step(r);
-            check_tables(offload, *cached.model);
-        });
+        check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
         CHECK(s.eval(offload_test_prompt, true) == ref.prompt_logits);
         bool all_equal = true;
         for (size_t i = 0; i < ref.tokens.size(); ++i) {

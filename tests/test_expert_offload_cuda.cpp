@@ -174,11 +174,7 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 offload.attach(s);
                 routing::RoutingTrace trace = empty_trace(*m.model);
                 record_routing(s, trace);
-                s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                    offload.after_step(r);
-                    m.backend->synchronize();
-                    check_tables(offload, *m.model, read);
-                });
+                check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
                 std::vector<std::vector<float>>& logits = logits_of[fused ? 1 : 0];
                 logits.push_back(s.eval(prompt, true));
                 double worst = worst_diff(logits.back(), ref_prompt);
@@ -282,12 +278,7 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
-            if (v != 6)
-                s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                    offload.after_step(r);
-                    m.backend->synchronize();
-                    check_tables(offload, *m.model, read);
-                });
+            if (v != 6) check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
             std::vector<std::vector<float>>& logits = logits_of[v];
             logits.push_back(s.eval(prompt, true));
             double worst = worst_diff(logits.back(), ref_prompt);
@@ -379,11 +370,8 @@ TEST_CASE("cuda expert offload: the staging store gives the resident logits" *
                 offload.attach(s);
                 routing::RoutingTrace trace = empty_trace(*m.model);
                 record_routing(s, trace);
-                s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                    offload.after_step(r);  // throws on a read in place or a wrong stage count
-                    m.backend->synchronize();
-                    check_tables(offload, *m.model, read);
-                });
+                // (after_step throws on a read in place or a wrong stage count)
+                check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
                 std::vector<std::vector<float>>& logits = logits_of[fused ? 1 : 0];
                 logits.push_back(s.eval(offload_test_prompt, true));
                 double worst = worst_diff(logits.back(), ref.prompt_logits);
