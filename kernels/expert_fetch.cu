@@ -53,15 +53,18 @@ __device__ void post_prefetches(mgl::expert_fetch_header* h) {
     h->proxy_posted = posted;
 }
 
-// Every thread of the block returns once the proxy has landed every posted prefetch (the host's
-// copy stream writes `proxy_done` after each copy), or after 2 s: then the proxy is gone, the
-// error is flagged for the host (it fails the step) and the kernels go on with what they have.
-__device__ void wait_for_prefetches(const mgl::expert_fetch_header* h) {
+// Every thread of the block returns once the proxy has landed the requests up to `mark` (thread
+// 0's: every one posted so far, or for a prefetch that waits for its layer's misses the layer's
+// proxy_wait_mark; the host's copy stream writes `proxy_done` after each copy, in posting order),
+// or after 2 s: then the proxy is gone, the error is flagged for the host (it fails the step) and
+// the kernels go on with what they have.
+__device__ void wait_for_prefetches(const mgl::expert_fetch_header* h, bool layer_mark = false) {
     if (threadIdx.x == 0) {
-        const int64_t posted = *reinterpret_cast<const volatile int64_t*>(&h->proxy_posted);
+        const int64_t mark = *reinterpret_cast<const volatile int64_t*>(
+            layer_mark ? &h->proxy_wait_mark : &h->proxy_posted);
         const auto* landed = reinterpret_cast<const volatile int64_t*>(&h->proxy_done);
         const int64_t give_up = global_ns() + 2'000'000'000;
-        while (*landed < posted) {
+        while (*landed < mark) {
             if (global_ns() > give_up) {
                 const_cast<mgl::expert_fetch_header*>(h)->proxy_error = 1;
                 break;
@@ -127,10 +130,21 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
         // proxy_demand) then waits in one block until they, and any prefetch before, landed.
         if (p.proxy && (p.prefetch || h->proxy_demand)) {
             if (blockIdx.x != 0 || blockIdx.y != 0) return;
-            if (threadIdx.x == 0) post_prefetches(p.state);
-            if (p.prefetch) return;
-            wait_for_prefetches(p.state);
-            if (threadIdx.x == 0 && h->n_fills > h->layer_fills) stamp_fetch_end(h);
+            bool had_fills = false;  // thread 0's
+            if (threadIdx.x == 0) {
+                had_fills = h->n_fills > h->layer_fills;
+                post_prefetches(p.state);
+                if (!p.prefetch && p.defer_wait) {  // the prefetch after it waits instead
+                    p.state->proxy_wait_mark = h->proxy_posted;
+                    p.state->proxy_wait_fills = had_fills ? 1 : 0;
+                }
+            }
+            // (The layer posted only with proxy_demand, and then left its wait to this prefetch.)
+            const bool waits_for_layer = p.prefetch && p.wait_for_layer && h->proxy_demand;
+            if ((p.prefetch && !waits_for_layer) || (!p.prefetch && p.defer_wait)) return;
+            wait_for_prefetches(h, waits_for_layer);
+            if (threadIdx.x == 0 && (waits_for_layer ? h->proxy_wait_fills != 0 : had_fills))
+                stamp_fetch_end(h);
             return;
         }
         // A miss may take a slot that an earlier prefetch's copy is still writing, and this

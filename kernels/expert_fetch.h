@@ -53,6 +53,14 @@ struct ExpertFetchParams {
     // in the driver, the proxy's calls behind it (seen on the H200: a fetch waited 2 s for a
     // request the proxy could not issue).
     bool proxy = false;
+    // Prefetch issued behind the layer's misses (the CUDA backend's one-stream schedule, when a
+    // prefetch follows the layer's fetch before the layer's experts): with the proxy, the layer's
+    // fetch (defer_wait) posts its fills and returns, and the prefetch after it (wait_for_layer)
+    // posts its own, then waits for the layer's. So the prefetch's copies queue on the link right
+    // behind the misses instead of after they landed, and its prediction and plan run while the
+    // misses cross. Without the proxy (an eager run, the copy kernel) both are ignored.
+    bool defer_wait = false;
+    bool wait_for_layer = false;
 };
 
 // Plans and copies; throws mgl::error on parameters out of range or with a stage (whose host

@@ -244,17 +244,22 @@ bench_model() {  # $1 = expert dtype
             --sweep-slots 208 ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
         # Prefetch (--expert-prefetch N: each MoE layer fills N of the next layer's predicted
-        # experts on a side stream beside its own experts): off, 1 and 2 in one process.
+        # experts; by default on one stream, its copies queued for the copy engines right behind
+        # the layer's misses): off, 2 and 3 in one process; and 3 on a side stream (the ninth
+        # session's schedule) to compare.
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
-            --sweep-prefetch 0,1,2 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
-        say "offload 12GiB, prefetch 0/1/2: rc=$?"
+            --sweep-prefetch 0,2,3 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
+        say "offload 12GiB, prefetch 0/2/3: rc=$?"
+        MINIDS_CUDA_FUSE=norm,residual,route,mla_prep,side_stream timeout 300 "$BIN/minids" bench \
+            -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB --sweep-prefetch 3 \
+            > "$OUT/bench_offload_12g_prefetch_side.md" 2> "$OUT/bench_offload_12g_prefetch_side.log"
+        say "offload 12GiB, prefetch 3 on a side stream: rc=$?"
         # Every fill is copied by the copy engines by default (MINIDS_FETCH_COPY=engines, issued
-        # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare
-        # (off and prefetch 1).
+        # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare.
         MINIDS_FETCH_COPY=kernel timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
-            --vram-budget 12GiB --sweep-prefetch 0,1 > "$OUT/bench_offload_12g_kernel.md" \
+            --vram-budget 12GiB > "$OUT/bench_offload_12g_kernel.md" \
             2> "$OUT/bench_offload_12g_kernel.log"
-        say "offload 12GiB, fills by the copy kernel (MINIDS_FETCH_COPY=kernel), prefetch 0/1: rc=$?"
+        say "offload 12GiB, fills by the copy kernel (MINIDS_FETCH_COPY=kernel): rc=$?"
         # The staging store (the fallback when nothing can be registered): every miss copied by
         # the host into pinned buffers, then by the device into its slot.
         MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
@@ -285,7 +290,7 @@ bench_model() {  # $1 = expert dtype
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
             "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md" \
-            "$OUT/bench_offload_12g_kernel.md"; do
+            "$OUT/bench_offload_12g_prefetch_side.md" "$OUT/bench_offload_12g_kernel.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi

@@ -668,6 +668,7 @@ TEST_CASE(
             const mgl::graph& g = fg.g;
             mgl::cuda_fusions on;
             on.route_fetch = route_fetch;
+            on.side_stream = true;
             const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, on);
             const mgl::alloc_plan plan = mgl::plan_allocation(g, 256, f.also_reads);
             CHECK(simulate(g, fused_steps(g, f), plan) == 0);
@@ -675,6 +676,7 @@ TEST_CASE(
             if (T > 1) {  // prompts do not prefetch
                 CHECK(fg.prefetches.empty());
                 CHECK(f.side.empty());
+                CHECK(f.defers_wait.empty());
                 continue;
             }
             REQUIRE(int64_t(fg.prefetches.size()) == n_moe - 1);
@@ -722,6 +724,26 @@ TEST_CASE(
             const mgl::cuda::fusion_plan fs = mgl::cuda::plan_fusions(g, serial);
             CHECK(fs.side.empty());
             CHECK(fs.join_before.empty());
+            // On the side stream a layer's experts run beside its prefetch: each fetch waits
+            // itself. On one stream (prefetch_behind_misses) every layer's fetch but the last
+            // leaves its wait to the prefetch after it, which precedes the layer's experts.
+            CHECK(f.defers_wait.empty());
+            CHECK(f.waits_for_layer.empty());
+            CHECK(fs.defers_wait.size() == fg.prefetches.size());
+            CHECK(fs.waits_for_layer.size() == fg.prefetches.size());
+            for (size_t l = 0; l + 1 < fg.fetches.size(); ++l) {
+                CHECK(fs.defers_wait.count(fg.fetches[l]) == 1);
+                CHECK(fs.waits_for_layer.count(fg.prefetches[l]) == 1);
+                for (const mgl::tensor* n : g.nodes)
+                    if (n->op_kind == mgl::op::moe_experts && n->src[3] == fg.fetches[l])
+                        CHECK(index_of(fg.prefetches[l]) < index_of(n));
+            }
+            CHECK(fs.defers_wait.count(fg.fetches.back()) == 0);
+            mgl::cuda_fusions waiting = serial;
+            waiting.prefetch_behind_misses = false;
+            const mgl::cuda::fusion_plan fw = mgl::cuda::plan_fusions(g, waiting);
+            CHECK(fw.defers_wait.empty());
+            CHECK(fw.waits_for_layer.empty());
             // The check can fail: memory planned as if the steps ran in node order (without the
             // side nodes kept live until their join) is reused beside them.
             const int unsafe =

@@ -213,11 +213,14 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
         }
 }
 
-TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident logits" *
-          doctest::skip(no_gpu)) {
+TEST_CASE(
+    "cuda expert offload: prefetch, on a side stream or behind the misses, gives the "
+    "resident logits" *
+    doctest::skip(no_gpu)) {
     // The device fetch with prefetch (mgl::expert_prefetch): each decode step's MoE layers but
     // the last fill up to N of the next layer's predicted experts, plan and copy on the side
-    // stream beside the layer's expert kernels, joined before the next layer's fetch. The
+    // stream beside the layer's expert kernels, joined before the next layer's fetch (side_stream
+    // on; the default is one stream, the last two variants below). The
     // logits must equal the resident model's, the device's tables the host's replay, and the
     // decisions (fills, prefetches, hits) those of the same graph on one stream (side_stream
     // off: node order), of graphs run eagerly instead of replayed, and of prefetch copies made
@@ -226,17 +229,19 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
     // victims uploaded after each replayed step's launch (MINIDS_VICTIMS=after-launch), once with
     // the tables checked after every step (so each replay runs before the next launch, and only
     // the victims come late) and once checked only at the end (each replay beside the next
-    // step, as the CLI runs it).
+    // step, as the CLI runs it); and of the last two on one stream (the default), where each
+    // layer's fetch leaves its wait to the prefetch after it, which posts its copies behind the
+    // layer's misses (cuda_fusions::prefetch_behind_misses).
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel resident = open_cuda(path, true);
-    TestModel offloaded = open_cuda(path, false);
+    TestModel offloaded = open_cuda(path, false);  // one stream (the default schedule)
     if (offloaded.model->weights().placement().experts_staged) {
         MESSAGE("CUDA expert offload, prefetch: skipped, the staging store (no prefetch there)");
         return;
     }
-    mgl::cuda_fusions serial;
-    serial.side_stream = false;
-    TestModel offloaded_serial = open_cuda(path, false, serial);
+    mgl::cuda_fusions side;
+    side.side_stream = true;
+    TestModel offloaded_side = open_cuda(path, false, side);
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const int64_t n_decode = 32;
     auto read = [](void* dst, const void* src, size_t n) {
@@ -256,19 +261,21 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        constexpr int n_variants = 7;
+        constexpr int n_variants = 9;
         const char* names[n_variants] = {"side stream, replayed",
                                          "one stream, replayed",
                                          "side stream, eager",
                                          "copy engines, replayed",
                                          "copy engines for every fill, replayed",
                                          "every fill by the engines, victims after the launch",
+                                         "the same, replays beside the next step",
+                                         "one stream, prefetch behind the misses",
                                          "the same, replays beside the next step"};
         std::vector<std::vector<float>> logits_of[n_variants];
         OffloadStats stats_of[n_variants];
         for (int v = 0; v < n_variants; ++v) {
             CAPTURE(std::string(names[v]));
-            TestModel& m = v == 1 ? offloaded_serial : offloaded;
+            TestModel& m = v == 1 || v >= 7 ? offloaded : offloaded_side;
             ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
             // The copy engines: the prefetch's copies issued by the host's proxy thread, each
             // layer's fetch waiting for them (the fetch's copy kernel otherwise).
@@ -278,7 +285,8 @@ TEST_CASE("cuda expert offload: prefetch on the side stream gives the resident l
             Session s(*m.model, *m.backend, sp);
             s.set_decode_graph(v != 2);
             offload.attach(s);
-            if (v != 6) check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
+            if (v != 6 && v != 8)
+                check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
             std::vector<std::vector<float>>& logits = logits_of[v];
             logits.push_back(s.eval(prompt, true));
             double worst = worst_diff(logits.back(), ref_prompt);

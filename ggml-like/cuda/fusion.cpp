@@ -29,7 +29,7 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false, false, false, false, false};
     if (s != "0" && s != "none") {
         for (const std::string& name : names_of(s)) {
             if (name == "norm") {
@@ -50,10 +50,13 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.route_fetch = true;
             } else if (name == "side_stream") {
                 keep.side_stream = true;
+            } else if (name == "prefetch_behind_misses") {
+                keep.prefetch_behind_misses = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
-                            "residual, route, mla_prep, router_route, route_fetch, side_stream)");
+                            "residual, route, mla_prep, router_route, route_fetch, side_stream, "
+                            "prefetch_behind_misses)");
             }
         }
     }
@@ -197,6 +200,7 @@ public:
         add_also_reads();
         // Last: which steps run where depends on what runs in which step.
         if (on_.side_stream) find_side_branches();
+        if (on_.prefetch_behind_misses) find_deferred_waits();
         return std::move(p_);
     }
 
@@ -500,6 +504,36 @@ private:
         }
         // The backend joins at the end of the graph too.
         for (tensor* t : live) also_read(g_.nodes.back(), t);
+    }
+
+    // prefetch_behind_misses: a prefetch on the main stream whose `after` (src[5]) is the fetch of
+    // the layer it protects, with no step between the two that fetches or runs experts, and the
+    // layer's experts after it. The fetch then posts and returns; the prefetch posts behind it and
+    // waits for the layer's copies, so the layer's experts (after it in stream order) still read
+    // only landed slots.
+    void find_deferred_waits() {
+        for (tensor* pre : g_.nodes) {
+            if (!is_expert_prefetch(*pre) || p_.side.count(pre)) continue;
+            tensor* fetch = pre->src[5];
+            if (!fetch || fetch->op_kind != op::expert_fetch || is_expert_prefetch(*fetch) ||
+                fetch->src[3] || p_.side.count(fetch) || fetch->iparams[0] != pre->iparams[2] ||
+                step(fetch) >= step(pre))
+                continue;
+            bool quiet = true;
+            for (size_t i = step(fetch) + 1; i < step(pre) && quiet; ++i) {
+                const tensor* n = g_.nodes[i];
+                quiet = n->op_kind != op::expert_fetch && n->op_kind != op::moe_experts &&
+                        !p_.side.count(n);
+            }
+            bool experts_after = false;  // the layer's experts read its table after the prefetch
+            for (const tensor* c : consumers(fetch)) {
+                if (c->op_kind == op::moe_experts && step(c) < step(pre)) quiet = false;
+                experts_after = experts_after || (c->op_kind == op::moe_experts);
+            }
+            if (!quiet || !experts_after) continue;
+            p_.defers_wait.insert(fetch);
+            p_.waits_for_layer.insert(pre);
+        }
     }
 
     // Whether the backend emits a step at n (its fused members run in it).

@@ -19,10 +19,13 @@
 //             plans the fetch (kernels/expert_fetch_plan.cuh) and the fetch's step only copies.
 //   mla_prep  rms_norm(kv_cmpr) + rope(k_pe) + kv_store + rope(q_pe): one mla_prep launch per
 //             layer, for MLA's decode prologue.
-//   side_stream  (a schedule, not a fusion) an expert cache's prefetch and the nodes only it
+//   side_stream  (a schedule, off by default) an expert cache's prefetch and the nodes only it
 //             reads (its routing prediction) run on a second stream, forked from the main one
 //             where they start and joined before the first later main step that reads them, is
 //             a fetch or a route step; their memory stays live until that join.
+//   prefetch_behind_misses  (a schedule) without side_stream: a MoE layer's fetch followed by a
+//             prefetch before the layer's experts leaves its wait for the proxy's copies to that
+//             prefetch, which posts its requests behind the layer's first.
 //
 // A node is fused away only when it is not a graph output and nothing outside its group reads
 // it, except outputs the fused kernel writes anyway (probs and ids of route; q_pe, kv_cmpr and
@@ -119,6 +122,10 @@ struct fusion_plan {
     // whose step the main stream waits for it (the backend also joins at the end).
     std::unordered_set<const tensor*> side;
     std::unordered_set<const tensor*> join_before;
+    // prefetch_behind_misses: the fetches that leave their wait to the prefetch after them, and
+    // those prefetches (kernels::ExpertFetchParams::defer_wait / wait_for_layer).
+    std::unordered_set<const tensor*> defers_wait;
+    std::unordered_set<const tensor*> waits_for_layer;
     int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
     int n_router_route = 0;  // of n_route
     int n_route_fetch = 0;   // of n_route

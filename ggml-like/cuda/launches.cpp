@@ -330,8 +330,10 @@ kn::ExpertFetchParams with_proxy(kn::ExpertFetchParams p, const exec_env& env) {
 // alone. With a stage (the staging store): the plan, the host's copies into the stage (a host
 // node when captured), then the copy from the stage, launched after the host node as an ordinary
 // dependent (not PDL: the host's copies must be complete before it reads a byte).
-launch_step expert_fetch_step(const tensor& n, bool planned) {
-    const kn::ExpertFetchParams p = expert_fetch_params(n);
+launch_step expert_fetch_step(const tensor& n, bool planned, const fusion_plan& f) {
+    kn::ExpertFetchParams p = expert_fetch_params(n);
+    p.defer_wait = f.defers_wait.count(&n) != 0;
+    p.wait_for_layer = f.waits_for_layer.count(&n) != 0;
     if (p.stage) {
         MGL_CHECK(!planned, "expert_fetch: a staged fetch cannot be planned by its routing");
         return {"expert_fetch(staged)", &n, [p](const exec_env& env) {
@@ -873,7 +875,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(kv_store_step(*n));
                 break;
             case op::expert_fetch:
-                out.steps.push_back(expert_fetch_step(*n, f.fetch_planned.count(n) != 0));
+                out.steps.push_back(expert_fetch_step(*n, f.fetch_planned.count(n) != 0, f));
                 break;
             case op::mla_attn:
                 out.steps.push_back(mla_attn_step(*n, scratch));

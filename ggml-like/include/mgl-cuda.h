@@ -73,8 +73,17 @@ struct cuda_fusions {
     // Not a fusion but a schedule: an expert cache's prefetch (mgl::expert_prefetch) and the
     // nodes only it reads (its routing prediction) run on a second stream beside the main one,
     // joined before the next node that reads what they wrote or touches the fetch state
-    // (fusion.h). Off: in node order on the one stream (the prefetch then cannot overlap).
-    bool side_stream = true;
+    // (fusion.h). Off (the default): in node order on the one stream, where a prefetch made by the
+    // copy engines overlaps through prefetch_behind_misses instead; measured faster on the H200
+    // at every N (12 GiB, N = 2: 124.7 against 118.3 tok/s; docs/perf.md, twelfth session). On
+    // pays only for prefetches copied by the fetch's copy kernel (MINIDS_FETCH_COPY=kernel).
+    bool side_stream = false;
+    // Without side_stream: a MoE layer's fetch followed in node order by a prefetch (before the
+    // layer's experts) leaves its wait for the copies to that prefetch
+    // (kernels::ExpertFetchParams::defer_wait). With the copy engines, the prefetch's requests
+    // then queue on the link right behind the layer's misses, and its prediction and plan run
+    // while those cross, instead of after they landed. Nothing changes without the proxy.
+    bool prefetch_behind_misses = true;
 };
 
 struct cuda_options {

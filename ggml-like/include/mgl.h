@@ -213,6 +213,13 @@ struct expert_fetch_header {
     int64_t victims_ready = 0;
     int64_t victims_copied = 0;
     int64_t victims_late = 0;
+    // A layer's fetch that leaves its wait to the prefetch right after it (the CUDA backend's
+    // one-stream schedule, kernels::ExpertFetchParams::defer_wait): the requests posted up to and
+    // including its own fills, which that prefetch waits for after posting its own behind them,
+    // and 1 when the layer had fills (its fetch interval then ends at that wait). Written by the
+    // fetch before the prefetch reads it, in every step that defers.
+    int64_t proxy_wait_mark = 0;
+    int64_t proxy_wait_fills = 0;
 };
 // One prefetch the device asks the host to copy: expert `key` into slot `slot`.
 struct expert_prefetch_request {
