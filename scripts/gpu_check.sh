@@ -229,8 +229,8 @@ bench_model() {  # $1 = expert dtype
         nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits -lms 200 \
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
-        # The default fetch (device); with --fetch-compare also the host fetch, and its best
-        # setting (copy stream, frequency admission) below.
+        # The default fetch (device, --expert-prefetch auto: 3 here); with --fetch-compare also
+        # the host fetch, and its best setting (copy stream, frequency admission) below.
         local fetch=(); [[ $FETCH_COMPARE == 1 ]] && fetch=(--sweep-fetch host,device)
         MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
             ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_12g.md" 2> "$OUT/bench_offload_12g.log"
@@ -255,9 +255,10 @@ bench_model() {  # $1 = expert dtype
             > "$OUT/bench_offload_12g_prefetch_side.md" 2> "$OUT/bench_offload_12g_prefetch_side.log"
         say "offload 12GiB, prefetch 3 on a side stream: rc=$?"
         # Every fill is copied by the copy engines by default (MINIDS_FETCH_COPY=engines, issued
-        # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare.
+        # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare
+        # (both without prefetch).
         MINIDS_FETCH_COPY=kernel timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
-            --vram-budget 12GiB > "$OUT/bench_offload_12g_kernel.md" \
+            --vram-budget 12GiB --expert-prefetch 0 > "$OUT/bench_offload_12g_kernel.md" \
             2> "$OUT/bench_offload_12g_kernel.log"
         say "offload 12GiB, fills by the copy kernel (MINIDS_FETCH_COPY=kernel): rc=$?"
         # The staging store (the fallback when nothing can be registered): every miss copied by

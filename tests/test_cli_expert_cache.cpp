@@ -51,6 +51,9 @@ TEST_CASE("cli expert cache: the same text with most experts out of the cache, a
     CHECK(fetched.out == plain.out);
     CHECK(fetched.err.find("misses fetched into slots by the step") != std::string::npos);
     CHECK(fetched.err.find("expert cache: 24 slots, hit rate") != std::string::npos);
+    // --expert-prefetch auto (the default) prefetches only where the copy engines make the
+    // fills: not on the CPU.
+    CHECK(fetched.err.find(" prefetched (") == std::string::npos);
     // Prefetch (device fetch): the same text, and its counters after the answer.
     std::vector<std::string> prefetch = device;
     prefetch.insert(prefetch.end(), {"--expert-prefetch", "2"});
@@ -90,6 +93,13 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
                   "prefetch needs the device fetch");
     check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch", "5"}),
                   "expected 0 to 4 experts per layer");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch", "some"}),
+                  "expected auto or a number of experts");
+    // auto asks for nothing that could be refused: with the host fetch it is 0.
+    const CliResult host_auto = with({"--expert-cache-slots", "24", "--expert-cache-fetch", "host",
+                                      "--expert-prefetch", "auto"});
+    INFO("stderr: " << host_auto.err);
+    CHECK(host_auto.status == 0);
 }
 
 TEST_CASE("cli expert cache: bench adds the four cold/warm x new/reused phases") {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,14 +90,32 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "auto (device wherever it applies, else host)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "host", "device"}));
-    cmd.add_option("--expert-prefetch", f.expert_prefetch,
-                   "device fetch: while a MoE layer's experts run, fill up to N of the next MoE "
-                   "layer's experts, predicted by that layer's router applied to this layer's "
-                   "input, so their copies can overlap compute (decode only; at most the "
-                   "model's experts per token; 0, the default: off, since on an H200 at 12 GiB it "
-                   "measured no faster, docs/expert-cache.md)")
-        ->capture_default_str()
-        ->check(CLI::Range(0, 64));
+    cmd.add_option_function<std::string>(
+           "--expert-prefetch",
+           [&f](const std::string& v) {
+               if (v == "auto") {
+                   f.expert_prefetch = -1;
+                   return;
+               }
+               int n = -1;
+               const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+               if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 64)
+                   throw CLI::ValidationError("--expert-prefetch",
+                                              "expected auto or a number of experts from 0 "
+                                              "to 64, found '" +
+                                                  v + "'");
+               f.expert_prefetch = n;
+           },
+           "device fetch: while a MoE layer's experts run, fill up to N of the next MoE "
+           "layer's experts, predicted by that layer's router applied to this layer's input, "
+           "their copies queued right behind the layer's misses so they cross while the "
+           "layer computes (decode only; at most the model's experts per token; 0: off). auto, "
+           "the default: 3 where the copy engines make the fills (the device fetch from a "
+           "registered host store on a GPU), else 0. On an H200 with V2-Lite, 3 decodes +6.5 % "
+           "at 12 GiB, +5 % at 208 slots and +1-3 % at 1,400, and costs ~13 % only where every "
+           "expert is already in a slot (docs/expert-cache.md, \"Prefetch behind the misses\")")
+        ->default_str("auto")
+        ->type_name("N|auto");
     cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
                    "one slot pool for all MoE layers (global) or a fixed share per layer "
                    "(per-layer)")
@@ -234,7 +253,12 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 // MINIDS_FETCH_COPY: every fill of a replayed decode step, the layers' own misses too; unset,
 // the copy engines where the device fetch reads a registered store on a GPU (they pull host
 // memory ~10 % faster than a kernel can: docs/perf.md, tenth session). MINIDS_PREFETCH_COPY:
-// the prefetches' fills only (unset: the kernel).
+// the prefetches' fills only (unset: the copy engines where possible too, since on the default
+// one-stream schedule a prefetch's copy kernel would run on the step's path).
+// --expert-prefetch auto where prefetch applies: the best N measured at 12 GiB on the H200
+// (docs/perf.md, twelfth session: 0 / 2 / 3 / 4 -> 122.7 / 128.9 / 130.6 / 129.1 tok/s).
+constexpr int kAutoPrefetch = 3;
+
 static bool copy_engines_asked(const char* var, bool otherwise) {
     const char* v = std::getenv(var);
     if (!v || !*v) return otherwise;
@@ -273,8 +297,16 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
             device_fetch(flags, config));
         const bool all_fills =
             copy_engines_asked("MINIDS_FETCH_COPY", cache->fills_by_engines_possible());
-        cache->set_prefetch(flags.expert_prefetch,
-                            all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY", false),
+        // auto: prefetch where its copies can go to the copy engines behind the misses (the
+        // only way it measured faster), 3 of the next layer's experts (the best N measured).
+        const int prefetch =
+            flags.expert_prefetch >= 0 ? flags.expert_prefetch
+            : cache->fills_by_engines_possible()
+                ? std::min(kAutoPrefetch, int(m.model->config().num_experts_per_tok))
+                : 0;
+        cache->set_prefetch(prefetch,
+                            all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY",
+                                                            cache->fills_by_engines_possible()),
                             all_fills);
         cache->set_victims_after_launch(
             victims_after_launch_asked(cache->fills_by_engines_possible()));

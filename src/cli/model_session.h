@@ -48,7 +48,7 @@ struct ModelFlags {
     std::string expert_cache_admit = "all";     // --expert-cache-admit all|frequency
     bool expert_cache_copy_stream = false;      // --expert-cache-copy-stream
     std::string expert_cache_fetch = "auto";    // --expert-cache-fetch auto|host|device
-    int expert_prefetch = 0;                    // --expert-prefetch N
+    int expert_prefetch = -1;                   // --expert-prefetch N, or auto (-1)
     bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 
