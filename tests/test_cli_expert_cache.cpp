@@ -174,6 +174,25 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
     }
     CHECK(counts == std::vector<int>{0, 0, 0, 0, 2, 2, 2, 2});
     CHECK(prefetched > 0.0);
+    // A replayed trace is never prefetched (the routers cannot predict it): its rows say 0.
+    TempDir dir;
+    const std::string trace = (dir.path / "t.npz").string();
+    REQUIRE(run_minids({"run", "-m", demo(), "--cpu", "-p", "hi", "-n", "12", "--temp", "0",
+                        "--record-routing", trace})
+                .status == 0);
+    const CliResult rp = run_minids({"bench", "-m", demo(), "--cpu", "--expert-cache-slots", "24",
+                                     "--expert-prefetch", "2", "--replay-routing", trace, "-p", "8",
+                                     "-n", "4", "-r", "1", "-o", "json"});
+    INFO("stderr: " << rp.err);
+    REQUIRE(rp.status == 0);
+    int replayed_rows = 0;
+    for (const auto& row : nlohmann::json::parse(rp.out)) {
+        if (!row.contains("prefetch")) continue;
+        ++replayed_rows;
+        CHECK(row.at("prefetch").get<int>() == 0);
+        CHECK(row.at("tg_prefetched_per_token").get<double>() == 0.0);
+    }
+    CHECK(replayed_rows == 4);
     INFO("stderr: " << r.err);
     REQUIRE(r.status == 0);
     // Four phases for each of the four settings, in slot-major order, each with its counters.
