@@ -127,7 +127,9 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
     const mgl::expert_fetch_header* h = p.state;
     if (h->proxy_ring) {
         // The copy engines copy it: post the fills to the proxy. A layer's own fetch (with
-        // proxy_demand) then waits in one block until they, and any prefetch before, landed.
+        // proxy_demand) then waits in one block until they, and any prefetch before, landed;
+        // or, deferring, leaves that wait to the prefetch after it, which waits once its own
+        // fills are posted behind them (prefetch behind the misses: ExpertFetchParams).
         if (p.proxy && (p.prefetch || h->proxy_demand)) {
             if (blockIdx.x != 0 || blockIdx.y != 0) return;
             bool had_fills = false;  // thread 0's

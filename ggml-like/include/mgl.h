@@ -227,7 +227,8 @@ struct expert_prefetch_request {
 };
 // The requests ring: request i (counted from 0 since the cache began) is at i % capacity; the
 // device writes the request, then `posted` = i + 1 (release, system scope). The device never
-// has more than `capacity` requests unserved (each layer's fetch waits for the earlier ones).
+// has more than `capacity` requests unserved (the host sizes the ring for the most a step leaves
+// unserved: ExpertOffload::set_prefetch).
 struct expert_prefetch_ring {
     int64_t posted = 0;
     int64_t capacity = 0;

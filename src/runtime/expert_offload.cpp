@@ -105,11 +105,13 @@ void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_eng
     if (want_proxy && !proxy_) {
         const int32_t E = config_.n_experts, L = config_.n_layers;
         auto* state = static_cast<mgl::expert_fetch_header*>(state_buf_->base());
-        // At most one prefetch's and one layer's own fills are unserved (each layer's fetch waits
-        // for everything posted before it returns): 2 · top-k <= 64 requests.
+        // At most three batches are unserved: with the prefetch behind the misses, layer m's
+        // prefetched experts, its own fills and layer m+1's prefetch, posted before the wait for
+        // the first two; otherwise each layer's fetch waits for everything posted before it
+        // returns: 3 · top-k requests.
         proxy_ = std::make_unique<PrefetchProxy>(
-            backend_, std::max<int64_t>(E, 64), size_t(blob_bytes_), &state->proxy_done,
-            [this, E, L](int32_t key, int32_t slot) {
+            backend_, std::max<int64_t>({E, 64, 3 * int64_t(top_k_)}), size_t(blob_bytes_),
+            &state->proxy_done, [this, E, L](int32_t key, int32_t slot) {
                 if (key < 0 || key >= L * E || slot < 0 || slot >= config_.n_slots)
                     throw std::logic_error("a request for expert " + std::to_string(key) +
                                            " into slot " + std::to_string(slot) +
