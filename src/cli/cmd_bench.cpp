@@ -139,8 +139,8 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
         ph.fetch = cache.uses_device_fetch()  ? "device"
                    : cache.uses_copy_stream() ? "host, copy stream"
                                               : "host";
-        // A replayed trace is never prefetched (Deepseek2Model::build_forward): 0, not the setting.
-        ph.prefetch = session.routing_imposed() ? 0 : cache.prefetch();
+        // What the decode graph prefetches: none with a replayed trace, whatever the setting.
+        ph.prefetch = session.decode_prefetch();
         const auto prompt =
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);

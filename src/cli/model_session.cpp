@@ -248,6 +248,10 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 
 }  // namespace
 
+// --expert-prefetch auto where prefetch applies: the best N measured at 12 GiB on the H200
+// (docs/perf.md, twelfth session: 0 / 2 / 3 / 4 -> 122.7 / 128.9 / 130.6 / 129.1 tok/s).
+constexpr int kAutoPrefetch = 3;
+
 // Who copies fills, `kernel` (the fetch's copy kernel) or `engines` (the copy engines, through
 // the host's proxy: docs/expert-cache.md), as `var` asks, or `otherwise` when it is unset.
 // MINIDS_FETCH_COPY: every fill of a replayed decode step, the layers' own misses too; unset,
@@ -255,10 +259,6 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 // memory ~10 % faster than a kernel can: docs/perf.md, tenth session). MINIDS_PREFETCH_COPY:
 // the prefetches' fills only (unset: the copy engines where possible too, since on the default
 // one-stream schedule a prefetch's copy kernel would run on the step's path).
-// --expert-prefetch auto where prefetch applies: the best N measured at 12 GiB on the H200
-// (docs/perf.md, twelfth session: 0 / 2 / 3 / 4 -> 122.7 / 128.9 / 130.6 / 129.1 tok/s).
-constexpr int kAutoPrefetch = 3;
-
 static bool copy_engines_asked(const char* var, bool otherwise) {
     const char* v = std::getenv(var);
     if (!v || !*v) return otherwise;
@@ -295,21 +295,17 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
             *m.model, *m.backend, config,
             flags.expert_cache_copy_stream ? m.backend->make_transfer_queue() : nullptr,
             device_fetch(flags, config));
-        const bool all_fills =
-            copy_engines_asked("MINIDS_FETCH_COPY", cache->fills_by_engines_possible());
+        const bool engines = cache->fills_by_engines_possible();
+        const bool all_fills = copy_engines_asked("MINIDS_FETCH_COPY", engines);
         // auto: prefetch where its copies can go to the copy engines behind the misses (the
         // only way it measured faster), 3 of the next layer's experts (the best N measured).
         const int prefetch =
             flags.expert_prefetch >= 0 ? flags.expert_prefetch
-            : cache->fills_by_engines_possible()
-                ? std::min(kAutoPrefetch, int(m.model->config().num_experts_per_tok))
-                : 0;
-        cache->set_prefetch(prefetch,
-                            all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY",
-                                                            cache->fills_by_engines_possible()),
-                            all_fills);
-        cache->set_victims_after_launch(
-            victims_after_launch_asked(cache->fills_by_engines_possible()));
+            : engines ? std::min(kAutoPrefetch, int(m.model->config().num_experts_per_tok))
+                      : 0;
+        cache->set_prefetch(
+            prefetch, all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY", engines), all_fills);
+        cache->set_victims_after_launch(victims_after_launch_asked(engines));
         return cache;
     } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());

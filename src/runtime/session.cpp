@@ -99,7 +99,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.routing_weights = s->routing_weights;
     batch.expert_fetch = expert_fetch_;
     batch.expert_stage = expert_stage_;
-    batch.expert_prefetch = expert_prefetch_;
+    batch.expert_prefetch = decode_prefetch();
     s->out = model_.build_forward(s->ctx, batch);
 
     // The routers' choices are outputs too: kept for the routing observer, and computed even

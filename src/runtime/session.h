@@ -98,9 +98,9 @@ public:
                           int prefetch = 0);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
-    // Whether an override imposes the routing (then the decode graph has no prefetch: the routers
-    // cannot predict it).
-    bool routing_imposed() const { return bool(routing_override_); }
+    // The prefetch the decode graph is built with: set_expert_fetch's, but none while an override
+    // imposes the routing (the routers cannot predict it).
+    int decode_prefetch() const { return routing_override_ ? 0 : expert_prefetch_; }
     // Decode steps go through the recorded graph (default). false records a fresh graph for
     // every token: the independent path tests compare the replayed one against.
     void set_decode_graph(bool on) { use_decode_graph_ = on; }
