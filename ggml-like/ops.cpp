@@ -291,17 +291,19 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
 
 tensor* expert_prefetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                         std::shared_ptr<const expert_layout> layout, tensor* protect,
-                        int protect_layer, tensor* after) {
+                        int protect_layer, tensor* after, int max_fills) {
     MGL_CHECK(
         protect && protect->type == dtype::i32 && protect->n_dims == 2 && protect->is_contiguous(),
         "expert_prefetch: protect must be contiguous i32 [T, k]");
     MGL_CHECK(protect_layer >= 0 && protect_layer != layer,
               "expert_prefetch: the protected layer must be another layer");
+    MGL_CHECK(max_fills >= 0, "expert_prefetch: a negative number of fills");
     tensor* t = expert_fetch(c, table, ids, state, layer, std::move(layout));
     t->src[4] = protect;
     t->src[5] = after;
     t->iparams[1] = 1;
     t->iparams[2] = protect_layer;
+    t->iparams[3] = max_fills;
     return t;
 }
 

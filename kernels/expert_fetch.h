@@ -42,6 +42,8 @@ struct ExpertFetchParams {
     const int32_t* protect = nullptr;
     int64_t n_protect = 0;
     int32_t protect_layer = -1;
+    // A prefetch: at most this many fills (0: every miss), the first misses in the order of `ids`.
+    int32_t max_fills = 0;
     // Programmatic dependent launch (Hopper): the plan is scheduled while the routing kernel
     // runs, the copy while the plan runs, each waiting in griddepcontrol.wait for its
     // predecessor, so their launch gaps leave the step's path.

@@ -25,6 +25,7 @@ template <int MaxE>
 struct PlanShared {
     uint32_t used[MaxE / 32];
     uint32_t protect[MaxE / 32];  // a prefetch: the experts of protect_layer to pass over
+    uint32_t chosen[MaxE / 32];   // a capped prefetch (max_fills): the misses it may fill
     uint8_t at_home[MaxE];        // per expert: used and its entry points home
     int32_t misses[MaxE];         // experts to fetch, increasing
     int32_t cand_slot[2 * MaxE];
@@ -140,7 +141,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         last_t0 = h->fetch_t0;
         last_t1 = h->fetch_t1;
     }
-    for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = s.protect[i] = 0;
+    for (int i = tid; i < MaxE / 32; i += n_threads) s.used[i] = s.protect[i] = s.chosen[i] = 0;
     __syncthreads();
     // The ids also go to the id log when they fit (the host's copy of the step's routing).
     auto* id_log = reinterpret_cast<int32_t*>(h->id_log);
@@ -155,10 +156,26 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
         const int32_t e = p.protect[i];
         if (e >= 0 && e < E) atomicOr(&s.protect[e >> 5], 1u << (e & 31));
     }
+    // A capped prefetch: its first max_fills misses in the order of the ids (the prediction's
+    // ranks, best first); a few ids, one thread (uniform branch: no cost to any other fetch).
+    const bool capped = p.prefetch && p.max_fills > 0;
+    if (capped && tid == 0) {
+        for (int64_t i = 0, n = 0; i < p.n_ids && n < p.max_fills; ++i) {
+            const int32_t e = p.ids[i];
+            if (e < 0 || e >= E || ((s.chosen[e >> 5] >> (e & 31)) & 1u) ||
+                p.table[e] != homes[layer * E + e])
+                continue;
+            s.chosen[e >> 5] |= 1u << (e & 31);
+            ++n;
+        }
+    }
     __syncthreads();
     // Which used experts are home (to fetch): their table entry against their home address.
     for (int e = tid; e < E; e += n_threads)
-        s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] ? 1 : 0;
+        s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] &&
+                               (!capped || ((s.chosen[e >> 5] >> (e & 31)) & 1u))
+                           ? 1
+                           : 0;
     __syncthreads();
     if (tid < 32) {
         // Warp 0 lists the misses in increasing order, 32 experts per ballot (a loop over every

@@ -229,7 +229,7 @@ bench_model() {  # $1 = expert dtype
         nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits -lms 200 \
             > "$OUT/offload_12g_mem.txt" 2>/dev/null &
         local smi=$!
-        # The default fetch (device, --expert-prefetch auto: 3 here); with --fetch-compare also
+        # The default fetch (device, --expert-prefetch auto: the top 4, one fill); with --fetch-compare also
         # the host fetch, and its best setting (copy stream, frequency admission) below.
         local fetch=(); [[ $FETCH_COMPARE == 1 ]] && fetch=(--sweep-fetch host,device)
         MINIDS_LOAD_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
@@ -243,17 +243,22 @@ bench_model() {  # $1 = expert dtype
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 2 -o md --vram-budget 12GiB \
             --sweep-slots 208 ${fetch[@]+"${fetch[@]}"} > "$OUT/bench_offload_208.md" 2> "$OUT/bench_offload_208.log"
         say "offload 208 slots: rc=$?"
-        # Prefetch (--expert-prefetch N: each MoE layer fills N of the next layer's predicted
-        # experts; by default on one stream, its copies queued for the copy engines right behind
-        # the layer's misses): off, 2 and 3 in one process; and 3 on a side stream (the ninth
-        # session's schedule) to compare.
+        # Prefetch (--expert-prefetch N: each MoE layer fills the next layer's experts among its
+        # top N predicted, at most --expert-prefetch-fills of them, 1 by default; on one stream,
+        # its copies queued for the copy engines right behind the layer's misses): off, 3 and 4
+        # in one process; the top 3 uncapped (the twelfth session's default) and on a side stream
+        # (the ninth session's schedule) to compare.
         timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
-            --sweep-prefetch 0,2,3 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
-        say "offload 12GiB, prefetch 0/2/3: rc=$?"
+            --sweep-prefetch 0,3,4 > "$OUT/bench_offload_12g_prefetch.md" 2> "$OUT/bench_offload_12g_prefetch.log"
+        say "offload 12GiB, prefetch 0/3/4, one fill: rc=$?"
+        timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB \
+            --sweep-prefetch 3 --expert-prefetch-fills 0 > "$OUT/bench_offload_12g_prefetch_uncapped.md" \
+            2> "$OUT/bench_offload_12g_prefetch_uncapped.log"
+        say "offload 12GiB, prefetch 3 uncapped: rc=$?"
         MINIDS_CUDA_FUSE=norm,residual,route,mla_prep,side_stream timeout 300 "$BIN/minids" bench \
             -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB --sweep-prefetch 3 \
-            > "$OUT/bench_offload_12g_prefetch_side.md" 2> "$OUT/bench_offload_12g_prefetch_side.log"
-        say "offload 12GiB, prefetch 3 on a side stream: rc=$?"
+            --expert-prefetch-fills 0 > "$OUT/bench_offload_12g_prefetch_side.md" 2> "$OUT/bench_offload_12g_prefetch_side.log"
+        say "offload 12GiB, prefetch 3 uncapped on a side stream: rc=$?"
         # Every fill is copied by the copy engines by default (MINIDS_FETCH_COPY=engines, issued
         # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare
         # (both without prefetch).
@@ -291,7 +296,8 @@ bench_model() {  # $1 = expert dtype
         done
         for t in "$OUT/bench_offload_12g.md" "$OUT/bench_offload_208.md" "$OUT/bench_offload_12g_cs.md" \
             "$OUT/bench_offload_12g_staging.md" "$OUT/bench_offload_12g_prefetch.md" \
-            "$OUT/bench_offload_12g_prefetch_side.md" "$OUT/bench_offload_12g_kernel.md"; do
+            "$OUT/bench_offload_12g_prefetch_uncapped.md" "$OUT/bench_offload_12g_prefetch_side.md" \
+            "$OUT/bench_offload_12g_kernel.md"; do
             grep -E '\| (cold|warm), ' "$t" 2>/dev/null | while read -r line; do say "bench offload $(basename "$t" .md) phase: $line"; done
         done
     fi

@@ -95,6 +95,8 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
                   "expected 0 to 4 experts per layer");
     check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch", "some"}),
                   "expected auto or a number of experts");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch-fills", "-1"}),
+                  "expected auto or a number of experts");
     // auto asks for nothing that could be refused: with the host fetch it is 0.
     const CliResult host_auto = with({"--expert-cache-slots", "24", "--expert-cache-fetch", "host",
                                       "--expert-prefetch", "auto"});
@@ -174,6 +176,22 @@ TEST_CASE("cli expert cache: bench sweeps slot counts and policies") {
     }
     CHECK(counts == std::vector<int>{0, 0, 0, 0, 2, 2, 2, 2});
     CHECK(prefetched > 0.0);
+    // --expert-prefetch-fills 1: the top 4 predicted, at most one copied per MoE layer but the
+    // last (the demo model has 5 MoE layers), and the rows say so.
+    const CliResult cap = run_minids({"bench", "-m", demo(), "--cpu", "--sweep-slots", "24",
+                                      "--sweep-prefetch", "4", "--expert-prefetch-fills", "1", "-p",
+                                      "16", "-n", "8", "-r", "1", "-o", "json"});
+    INFO("stderr: " << cap.err);
+    REQUIRE(cap.status == 0);
+    int capped_rows = 0;
+    for (const auto& row : nlohmann::json::parse(cap.out)) {
+        if (!row.contains("prefetch")) continue;
+        ++capped_rows;
+        CHECK(row.at("prefetch").get<int>() == 4);
+        CHECK(row.at("prefetch_fills").get<int>() == 1);
+        CHECK(row.at("tg_prefetched_per_token").get<double>() <= 4.0);
+    }
+    CHECK(capped_rows == 4);
     // A replayed trace is never prefetched (the routers cannot predict it): its rows say 0.
     TempDir dir;
     const std::string trace = (dir.path / "t.npz").string();

@@ -277,19 +277,26 @@ TEST_CASE("expert offload, prefetch: predicted experts filled a layer early chan
     const std::vector<int32_t>& prompt = offload_test_prompt;
     const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 24);
     const auto& [ref_prompt, tokens, ref_steps] = ref;
-    for (const auto& [policy, slots, prefetch] :
-         {std::tuple{routing::Policy::decay, int64_t(12), 2},
-          {routing::Policy::lru, int64_t(24), 1},
-          {routing::Policy::decay, int64_t(40), 4},
-          {routing::Policy::lfu, int64_t(8), 2}}) {
+    // The last two fill at most 1 of their 4 predictions per layer (the best-ranked not in a
+    // slot, mgl::expert_prefetch's max_fills): fewer prefetches than the same run uncapped.
+    std::vector<int64_t> prefetched;
+    for (const auto& [policy, slots, prefetch, fills] :
+         {std::tuple{routing::Policy::decay, int64_t(12), 2, 0},
+          {routing::Policy::lru, int64_t(24), 1, 0},
+          {routing::Policy::decay, int64_t(40), 4, 0},
+          {routing::Policy::lfu, int64_t(8), 2, 0},
+          {routing::Policy::decay, int64_t(12), 4, 0},
+          {routing::Policy::decay, int64_t(12), 4, 1}}) {
         CAPTURE(std::string(routing::policy_name(policy)));
         CAPTURE(slots);
         CAPTURE(prefetch);
+        CAPTURE(fills);
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
         ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
         offload.set_prefetch(prefetch);
+        offload.set_prefetch_fills(fills);
         Session s(*cached.model, *cached.backend, SessionParams{});
         offload.attach(s);
         check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
@@ -305,7 +312,8 @@ TEST_CASE("expert offload, prefetch: predicted experts filled a layer early chan
         const OffloadStats st = offload.stats().since(after_prompt);
         const int64_t n_moe = int64_t(cached.model->moe_layers().size());
         CHECK(st.prefetches > 0);
-        CHECK(st.prefetches <= int64_t(tokens.size()) * (n_moe - 1) * prefetch);
+        CHECK(st.prefetches <= int64_t(tokens.size()) * (n_moe - 1) * (fills ? fills : prefetch));
+        prefetched.push_back(st.prefetches);
         CHECK(st.prefetch_used > 0);
         CHECK(st.prefetch_used <= st.prefetches);
         CHECK(st.fills >= st.prefetches);
@@ -315,6 +323,8 @@ TEST_CASE("expert offload, prefetch: predicted experts filled a layer early chan
                             << ", " << st.fills << " fills, " << st.prefetches << " prefetched, "
                             << st.prefetch_used << " used");
     }
+    REQUIRE(prefetched.size() == 6);
+    CHECK(prefetched[5] < prefetched[4]);
 }
 
 TEST_CASE("expert offload, prefetch: refused where it cannot run") {

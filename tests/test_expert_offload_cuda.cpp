@@ -261,7 +261,7 @@ TEST_CASE(
         routing::CacheConfig cfg;
         cfg.policy = policy;
         cfg.n_slots = slots;
-        constexpr int n_variants = 9;
+        constexpr int n_variants = 10;
         const char* names[n_variants] = {"side stream, replayed",
                                          "one stream, replayed",
                                          "side stream, eager",
@@ -270,7 +270,8 @@ TEST_CASE(
                                          "every fill by the engines, victims after the launch",
                                          "the same, replays beside the next step",
                                          "one stream, prefetch behind the misses",
-                                         "the same, replays beside the next step"};
+                                         "the same, replays beside the next step",
+                                         "behind the misses, one fill per prefetch"};
         std::vector<std::vector<float>> logits_of[n_variants];
         OffloadStats stats_of[n_variants];
         for (int v = 0; v < n_variants; ++v) {
@@ -280,6 +281,9 @@ TEST_CASE(
             // The copy engines: the prefetch's copies issued by the host's proxy thread, each
             // layer's fetch waiting for them (the fetch's copy kernel otherwise).
             offload.set_prefetch(prefetch, v >= 3, v >= 4);
+            // The last variant caps each prefetch at its best-ranked prediction not in a slot
+            // (mgl::expert_prefetch's max_fills): other decisions, the same logits.
+            offload.set_prefetch_fills(v == 9 ? 1 : 0);
             offload.set_victims_after_launch(v >= 5);
             CHECK(offload.uses_copy_engines() == (v >= 3));
             Session s(*m.model, *m.backend, sp);
@@ -322,7 +326,9 @@ TEST_CASE(
                 MESSAGE("  copies by the engines: " << offload.engine_copies() << " of " << st.fills
                                                     << " fills");
         }
-        for (int v = 1; v < n_variants; ++v) {
+        CHECK(logits_of[9] == logits_of[0]);
+        if (prefetch > 1) CHECK(stats_of[9].prefetches < stats_of[7].prefetches);
+        for (int v = 1; v < 9; ++v) {
             CAPTURE(std::string(names[v]));
             CHECK(logits_of[v] == logits_of[0]);
             CHECK(stats_of[v].hits == stats_of[0].hits);

@@ -67,6 +67,19 @@ void run_expert_fetch(exec_context&, tensor& node) {
         std::memcpy(reinterpret_cast<int32_t*>(h->id_log) + layer * h->id_log_stride, ids,
                     size_t(n_ids) * sizeof(int32_t));
     const auto* homes = reinterpret_cast<const int64_t*>(h->homes);
+    // A capped prefetch fills only its first max_fills misses in the order of the ids (the
+    // prediction's ranks), in increasing expert order like any other.
+    const int64_t max_fills = prefetch ? node.iparams[3] : 0;
+    std::vector<char> chosen;
+    if (max_fills > 0) {
+        chosen.assign(size_t(E), 0);
+        for (int64_t i = 0, n = 0; i < n_ids && n < max_fills; ++i) {
+            const int32_t e = ids[i];
+            if (chosen[size_t(e)] || table[e] != homes[layer * E + e]) continue;
+            chosen[size_t(e)] = 1;
+            ++n;
+        }
+    }
     const auto* tables = reinterpret_cast<const int64_t*>(h->tables);
     const auto* victims = reinterpret_cast<const int32_t*>(h->victims);
     const auto* victim_ranks = reinterpret_cast<const expert_fetch_rank*>(h->victim_ranks);
@@ -78,6 +91,7 @@ void run_expert_fetch(exec_context&, tensor& node) {
     for (int64_t e = 0; e < E; ++e) {
         const int64_t key = layer * E + e;
         if (!used[size_t(e)] || table[e] != homes[key]) continue;  // unused, or in a slot
+        if (!chosen.empty() && !chosen[size_t(e)]) continue;       // past a prefetch's cap
         // The next offered victim this layer does not read (its kernels run after this fetch).
         while (h->next_victim < h->n_victims && passed_over(slot_keys[victims[h->next_victim]]))
             ++h->next_victim;

@@ -301,6 +301,7 @@ kn::ExpertFetchParams expert_fetch_params(const tensor& n) {
         p.protect = static_cast<const int32_t*>(n.src[4]->data);
         p.n_protect = n.src[4]->nelements();
         p.protect_layer = n.iparams[2];
+        p.max_fills = n.iparams[3];
     }
     return p;
 }

@@ -344,7 +344,7 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // mla_attn: src = {q_lat, q_pe, pages, page_table, positions}, fparams[0] = scale.
 // cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state,
 // stage (or null), protect (or null), after (or null)}, iparams = {layer, prefetch (0/1),
-// protect_layer}, experts (the layout).
+// protect_layer, max_fills}, experts (the layout).
 //
 // Values that change from one decode step to the next (token ids, positions, the page table, the
 // expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
@@ -403,11 +403,14 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
 // `protect_layer` (the layer whose expert kernels may run beside it: the CUDA backend runs a
 // prefetch on a side stream), no earlier arrival is taken again, the id log is not written, no
 // stage (the staging store has none), and each fill's key in the fill log carries
-// expert_fetch_prefetched. `after` only orders it (the previous layer's fetch). Returns an alias
-// of `table` that the layer's own expert_fetch must take.
+// expert_fetch_prefetched. `after` only orders it (the previous layer's fetch). With
+// `max_fills` > 0 it fills at most that many: the first misses in the order of `ids` (a
+// prediction's ranks, best first), still in increasing expert order; the other predicted
+// experts are passed over as victims all the same. Returns an alias of `table` that the layer's
+// own expert_fetch must take.
 tensor* expert_prefetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                         std::shared_ptr<const expert_layout> layout, tensor* protect,
-                        int protect_layer, tensor* after);
+                        int protect_layer, tensor* after, int max_fills = 0);
 inline bool is_expert_prefetch(const tensor& t) {
     return t.op_kind == op::expert_fetch && t.iparams[1] != 0;
 }

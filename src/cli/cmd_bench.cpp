@@ -54,8 +54,9 @@ struct PhaseRow {
     std::string phase;
     int64_t slots = 0;
     std::string policy, admit;
-    std::string fetch;  // device, host, or host with a copy stream
-    int prefetch = 0;   // --expert-prefetch
+    std::string fetch;       // device, host, or host with a copy stream
+    int prefetch = 0;        // --expert-prefetch
+    int prefetch_fills = 0;  // --expert-prefetch-fills (0: no cap)
     int64_t n_prompt = 0, n_gen = 0;
     double ttft_s = 0.0, tg_tok_s = 0.0;
     double prompt_hit_rate = 0.0, tg_hit_rate = 0.0;
@@ -141,6 +142,7 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
                                               : "host";
         // What the decode graph prefetches: none with a replayed trace, whatever the setting.
         ph.prefetch = session.decode_prefetch();
+        ph.prefetch_fills = ph.prefetch > 0 ? cache.prefetch_fills() : 0;
         const auto prompt =
             random_tokens(np, c.vocab_size, reuse ? 31 : 29 + (phases.size() - first));
         session.truncate(0);
@@ -175,13 +177,14 @@ void run_phases(LoadedModel& m, Session& session, const BenchOptions& o,
             ph.fetch_wait_ms = double(decode.fetch_ns) / 1e6 / double(ng);
         std::fprintf(
             stderr,
-            "minids bench: expert cache %lld slots %s admit %s fetch %s prefetch %d, %-20s first "
+            "minids bench: expert cache %lld slots %s admit %s fetch %s prefetch %d (fills %d), "
+            "%-20s first "
             "token %.3f s, tg %.2f tok/s, hit rate prompt %.3f / decode %.3f, %.1f MiB filled and "
             "%.1f MiB over the link per token, %.2f prefetched per token (%.1f%% used), waiting on "
             "the fetch %s ms per token, host bookkeeping %.1f us per token (%.1f beside the "
             "step)\n",
             (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(), ph.prefetch,
-            name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
+            ph.prefetch_fills, name, ph.ttft_s, ph.tg_tok_s, ph.prompt_hit_rate, ph.tg_hit_rate,
             ph.mib_filled_per_token, ph.mib_link_per_token, ph.prefetched_per_token,
             100.0 * ph.prefetch_used,
             ph.fetch_wait_ms >= 0 ? fmt("%.3f", ph.fetch_wait_ms).c_str() : "-",
@@ -396,6 +399,7 @@ int bench(BenchOptions o) {
                            {"admit", ph.admit},
                            {"fetch", ph.fetch},
                            {"prefetch", ph.prefetch},
+                           {"prefetch_fills", ph.prefetch_fills},
                            {"tg_prefetched_per_token", ph.prefetched_per_token},
                            {"tg_prefetch_used_share", ph.prefetch_used},
                            {"ttft_s", ph.ttft_s},
@@ -452,11 +456,18 @@ int bench(BenchOptions o) {
                     ph.prefetch > 0 ? fmt("%.2f", ph.prefetched_per_token) + " (" +
                                           fmt("%.0f%%", 100.0 * ph.prefetch_used) + ")"
                                     : "-";
+                // "6 (1 fill)": the top 6 predicted, at most 1 copied (--expert-prefetch-fills).
+                const std::string prefetch =
+                    std::to_string(ph.prefetch) +
+                    (ph.prefetch_fills > 0 && ph.prefetch_fills < ph.prefetch
+                         ? " (" + std::to_string(ph.prefetch_fills) +
+                               (ph.prefetch_fills > 1 ? " fills)" : " fill)")
+                         : "");
                 std::printf(
-                    "| %lld | %s | %s | %s | %d | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | "
+                    "| %lld | %s | %s | %s | %s | %s | %lld | %.3f | %lld | %.2f | %s | %.3f | "
                     "%.3f | %.1f | %.1f | %s | %s | %s |\n",
                     (long long)ph.slots, ph.policy.c_str(), ph.admit.c_str(), ph.fetch.c_str(),
-                    ph.prefetch, ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s,
+                    prefetch.c_str(), ph.phase.c_str(), (long long)ph.n_prompt, ph.ttft_s,
                     (long long)ph.n_gen, ph.tg_tok_s,
                     ph.link_floor_tok_s > 0 ? fmt("%.1f", ph.link_floor_tok_s).c_str() : "-",
                     ph.prompt_hit_rate, ph.tg_hit_rate, ph.mib_filled_per_token,

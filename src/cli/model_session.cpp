@@ -90,30 +90,44 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "auto (device wherever it applies, else host)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "host", "device"}));
+    // N|auto into `out` (-1: auto).
+    auto count_or_auto = [](const char* name, int& out) {
+        return [name, &out](const std::string& v) {
+            if (v == "auto") {
+                out = -1;
+                return;
+            }
+            int n = -1;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 64)
+                throw CLI::ValidationError(name,
+                                           "expected auto or a number of experts from 0 to "
+                                           "64, found '" +
+                                               v + "'");
+            out = n;
+        };
+    };
     cmd.add_option_function<std::string>(
-           "--expert-prefetch",
-           [&f](const std::string& v) {
-               if (v == "auto") {
-                   f.expert_prefetch = -1;
-                   return;
-               }
-               int n = -1;
-               const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-               if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 64)
-                   throw CLI::ValidationError("--expert-prefetch",
-                                              "expected auto or a number of experts from 0 "
-                                              "to 64, found '" +
-                                                  v + "'");
-               f.expert_prefetch = n;
-           },
-           "device fetch: while a MoE layer's experts run, fill up to N of the next MoE "
-           "layer's experts, predicted by that layer's router applied to this layer's input, "
-           "their copies queued right behind the layer's misses so they cross while the "
-           "layer computes (decode only; at most the model's experts per token; 0: off). auto, "
-           "the default: 3 where the copy engines make the fills (the device fetch from a "
-           "registered host store on a GPU), else 0. On an H200 with V2-Lite, 3 decodes +6.5 % "
-           "at 12 GiB, +5 % at 208 slots and +1-3 % at 1,400, and costs ~13 % only where every "
-           "expert is already in a slot (docs/expert-cache.md, \"Prefetch behind the misses\")")
+           "--expert-prefetch", count_or_auto("--expert-prefetch", f.expert_prefetch),
+           "device fetch: while a MoE layer's experts run, fill the next MoE layer's experts "
+           "among the top N predicted by that layer's router applied to this layer's input "
+           "(at most --expert-prefetch-fills of them), their copies queued right behind the "
+           "layer's misses so they cross while the layer computes (decode only; at most the "
+           "model's experts per token; 0: off). auto, the default: 4 where the copy engines make "
+           "the fills (the device fetch from a registered host store on a GPU), else 0. On an "
+           "H200 with V2-Lite at 12 GiB, the top 4 with one fill decode +10 % over none; prefetch "
+           "costs ~13 % only where every expert is already in a slot (docs/expert-cache.md, "
+           "\"Prefetch behind the misses\")")
+        ->default_str("auto")
+        ->type_name("N|auto");
+    cmd.add_option_function<std::string>(
+           "--expert-prefetch-fills",
+           count_or_auto("--expert-prefetch-fills", f.expert_prefetch_fills),
+           "device fetch, with --expert-prefetch: copy at most N of a layer's predicted experts, "
+           "the best-ranked ones not already in a slot (0: every one of the top "
+           "--expert-prefetch). auto, the default: 1. One copy already keeps the link busy "
+           "while the next layer computes; on an H200 with V2-Lite at 12 GiB a second one lost "
+           "3 % and no cap on the top 3 lost 3 % (docs/perf.md, thirteenth session)")
         ->default_str("auto")
         ->type_name("N|auto");
     cmd.add_option("--expert-cache-pools", f.expert_cache_pools,
@@ -248,9 +262,14 @@ bool device_fetch(const ModelFlags& f, const routing::CacheConfig& c) {
 
 }  // namespace
 
-// --expert-prefetch auto where prefetch applies: the best N measured at 12 GiB on the H200
-// (docs/perf.md, twelfth session: 0 / 2 / 3 / 4 -> 122.7 / 128.9 / 130.6 / 129.1 tok/s).
-constexpr int kAutoPrefetch = 3;
+// --expert-prefetch auto where prefetch applies, and --expert-prefetch-fills auto: the best
+// measured at 12 GiB on the H200 (docs/perf.md, thirteenth session, warm new prompt, tok/s: the
+// top 3 uncapped 131.1-131.4; one fill of the top 3 / 4 / 6 133.9-134.1 / 134.9-135.6 /
+// 133.9-134.6; two fills of the top 4 / 6 130.6-131.1 / 123.5-123.6). One copy a layer already
+// keeps the link busy through the next layer's compute; a second one only delays that layer's
+// misses behind it when it is wrong (the proxy's copies are FIFO).
+constexpr int kAutoPrefetch = 4;
+constexpr int kAutoPrefetchFills = 1;
 
 // Who copies fills, `kernel` (the fetch's copy kernel) or `engines` (the copy engines, through
 // the host's proxy: docs/expert-cache.md), as `var` asks, or `otherwise` when it is unset.
@@ -306,6 +325,8 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
         cache->set_prefetch(
             prefetch, all_fills || copy_engines_asked("MINIDS_PREFETCH_COPY", engines), all_fills);
         cache->set_victims_after_launch(victims_after_launch_asked(engines));
+        cache->set_prefetch_fills(flags.expert_prefetch_fills >= 0 ? flags.expert_prefetch_fills
+                                                                   : kAutoPrefetchFills);
         return cache;
     } catch (const std::invalid_argument& e) {  // "expert cache: ..." or "--expert-prefetch: ..."
         throw UserError(context + e.what());

@@ -391,11 +391,12 @@ ForwardResult Deepseek2Model::build_forward(mgl::context& ctx, const ForwardBatc
                 const int64_t next = moe_layers_[moe_index];
                 mgl::tensor* predicted =
                     build_routing_prediction(ctx, next, x, batch.expert_prefetch);
-                fetch.table = named(
-                    mgl::expert_prefetch(ctx, layers_[size_t(next)].expert_table, predicted,
-                                         batch.expert_fetch, int(moe_index), expert_layout_,
-                                         fetch.last_ids, int(moe_index - 1), fetch.last_fetch),
-                    "expert_prefetch", next);
+                fetch.table =
+                    named(mgl::expert_prefetch(ctx, layers_[size_t(next)].expert_table, predicted,
+                                               batch.expert_fetch, int(moe_index), expert_layout_,
+                                               fetch.last_ids, int(moe_index - 1), fetch.last_fetch,
+                                               batch.expert_prefetch_fills),
+                          "expert_prefetch", next);
                 // In the graph's order: the layer's routing weights and fetch (the route step
                 // that writes the ids the prefetch protects runs before it), then the prediction
                 // and the prefetch (on the CUDA backend beside this layer's experts). Placing the

@@ -73,6 +73,9 @@ struct ForwardBatch {
     // router applied to this layer's FFN input (mgl::expert_prefetch; docs/expert-cache.md,
     // "Prefetch"). 0: no prefetch.
     int expert_prefetch = 0;
+    // With expert_prefetch: at most this many of those experts are filled per layer, the best
+    // ranked that are not in slots (mgl::expert_prefetch's max_fills). 0: every one.
+    int expert_prefetch_fills = 0;
 };
 
 struct ForwardResult {

@@ -82,7 +82,7 @@ void ExpertOffload::attach(Session& session) {
                              state_ ? std::function<const int32_t*(int64_t)>(
                                           [this](int64_t n) { return queue_fill_log(n); })
                                     : nullptr,
-                             prefetch_);
+                             prefetch_, prefetch_fills_);
 }
 
 void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_engines) {

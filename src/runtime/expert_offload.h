@@ -136,6 +136,10 @@ public:
     // Copies the copy engines made so far (the proxy's; replayed decode graphs only).
     int64_t engine_copies() const { return proxy_ ? proxy_->served() : 0; }
     int32_t prefetch() const { return prefetch_; }
+    // At most this many of a layer's prefetched experts are filled, the best-ranked predictions
+    // not in slots (0: all of the top N). For the session attach() sets up next.
+    void set_prefetch_fills(int32_t n) { prefetch_fills_ = n < 0 ? 0 : n; }
+    int32_t prefetch_fills() const { return prefetch_fills_; }
     // Victims after the launch (device fetch, not the staging store; docs/expert-cache.md
     // "Victims after the launch"): a decode step the backend launches whole gets its victims
     // and ranks written into a pinned host block right after its launch, and the previous
@@ -248,6 +252,7 @@ private:
     OffloadStats stats_;
     int32_t top_k_ = 1;
     int32_t prefetch_ = 0;
+    int32_t prefetch_fills_ = 0;
     bool fills_by_engines_ = false;  // set_prefetch: every fill through the proxy
     // Device fetch: the state mgl::expert_fetch reads (header, fill log, tables, homes,
     // victims, slot keys; expert_offload.cpp lays them out), the victims offered to the step

@@ -51,10 +51,12 @@ void Session::set_routing_override(RoutingOverride f) {
 
 void Session::set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
                                std::function<void(int64_t, bool)> prepare,
-                               std::function<const int32_t*(int64_t)> collect, int prefetch) {
+                               std::function<const int32_t*(int64_t)> collect, int prefetch,
+                               int prefetch_fills) {
     decode_.reset();  // the graph gains or loses its fetch nodes
     expert_fetch_ = state;
     expert_prefetch_ = state ? prefetch : 0;
+    expert_prefetch_fills_ = state ? prefetch_fills : 0;
     expert_stage_ = state ? stage : nullptr;
     expert_fetch_prepare_ = std::move(prepare);
     expert_fetch_collect_ = std::move(collect);
@@ -100,6 +102,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.expert_fetch = expert_fetch_;
     batch.expert_stage = expert_stage_;
     batch.expert_prefetch = decode_prefetch();
+    batch.expert_prefetch_fills = expert_prefetch_fills_;
     s->out = model_.build_forward(s->ctx, batch);
 
     // The routers' choices are outputs too: kept for the routing observer, and computed even

@@ -91,11 +91,12 @@ public:
     // layer's T · k, back to back), which spares the session one download per layer, or null
     // when it does not log them. A null state turns it off. `stage`: the staging store's
     // (mgl::expert_fetch), or null. Re-records the decode graph.
-    // `prefetch`: ForwardBatch::expert_prefetch of the decode graph (0: none).
+    // `prefetch`, `prefetch_fills`: ForwardBatch::expert_prefetch and expert_prefetch_fills of the
+    // decode graph (0: none; 0: no cap).
     void set_expert_fetch(mgl::tensor* state, mgl::tensor* stage,
                           std::function<void(int64_t n_tokens, bool launched_whole)> prepare,
                           std::function<const int32_t*(int64_t n_tokens)> collect = nullptr,
-                          int prefetch = 0);
+                          int prefetch = 0, int prefetch_fills = 0);
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // The prefetch the decode graph is built with: set_expert_fetch's, but none while an override
@@ -156,6 +157,7 @@ private:
     RoutingOverride routing_override_;
     mgl::tensor* expert_fetch_ = nullptr;
     int expert_prefetch_ = 0;
+    int expert_prefetch_fills_ = 0;
     mgl::tensor* expert_stage_ = nullptr;
     std::function<void(int64_t, bool)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
