@@ -5,6 +5,7 @@
 
 #include "cuda_check.h"
 #include "dependent_launch.cuh"
+#include "expert_copy.cuh"
 #include "expert_fetch.h"
 #include "expert_fetch_plan.cuh"
 
@@ -14,13 +15,7 @@ namespace {
 using namespace fetch_detail;
 
 constexpr int plan_threads = 256;
-constexpr int copy_threads = 256;
-constexpr int64_t copy_chunk = 128 << 10;  // bytes a copy block moves per pass
-constexpr int copy_unroll = 8;             // 16-byte loads in flight per thread
-// Copy blocks per fill: a decode step's six fills make one wave over an H200's 132 SMs, each
-// block looping over its chunks; plenty of loads in flight for the link, and a step whose
-// experts are all in slots pays for few blocks that read the fill count and exit.
-constexpr int64_t copy_blocks_per_fill = 22;
+constexpr int copy_threads = expert_copy::threads;
 
 __global__ void __launch_bounds__(plan_threads) fetch_plan_kernel(ExpertFetchParams p) {
     __shared__ PlanShared<plan_max_experts> s;
@@ -83,30 +78,6 @@ __device__ void stamp_fetch_end(const mgl::expert_fetch_header* h) {
     atomicMax(t1, static_cast<unsigned long long>(global_ns()));
 }
 
-// Copies n bytes (16 at a time when both ends allow), many loads in flight per thread: the source
-// is host memory across PCIe, whose latency only parallelism hides.
-__device__ void copy_bytes(const uint8_t* src, uint8_t* dst, int64_t n) {
-    const bool vec =
-        ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
-    const int64_t n16 = vec ? n / 16 : 0;
-    const auto* s4 = reinterpret_cast<const uint4*>(src);
-    auto* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < n16; i += int64_t(copy_threads) * copy_unroll) {
-        uint4 r[copy_unroll];
-#pragma unroll
-        for (int u = 0; u < copy_unroll; ++u) {
-            const int64_t j = i + int64_t(u) * copy_threads;
-            if (j < n16) r[u] = s4[j];
-        }
-#pragma unroll
-        for (int u = 0; u < copy_unroll; ++u) {
-            const int64_t j = i + int64_t(u) * copy_threads;
-            if (j < n16) d4[j] = r[u];
-        }
-    }
-    for (int64_t i = n16 * 16 + threadIdx.x; i < n; i += copy_threads) dst[i] = src[i];
-}
-
 // Block (b, j): chunks b, b + gridDim.x, ... of the layer's j-th fill, if the plan made one.
 // EarlyDependents (the route_fetch path): the expert kernels after it are let in before this
 // kernel's wait instead of after it, so they are scheduled and request their first weights
@@ -164,9 +135,7 @@ __global__ void __launch_bounds__(copy_threads) fetch_copy_kernel(ExpertFetchPar
                       int64_t(blockIdx.y) * p.stage->stride
                 : reinterpret_cast<const uint8_t*>(reinterpret_cast<const int64_t*>(h->homes)[key]);
     auto* dst = reinterpret_cast<uint8_t*>(h->slot_base + int64_t(slot) * h->slot_stride);
-    for (int64_t begin = int64_t(blockIdx.x) * copy_chunk; begin < h->blob_bytes;
-         begin += int64_t(gridDim.x) * copy_chunk)
-        copy_bytes(src + begin, dst + begin, min(copy_chunk, h->blob_bytes - begin));
+    expert_copy::copy_part(src, dst, h->blob_bytes, blockIdx.x, gridDim.x);
     __syncthreads();
     if (threadIdx.x == 0 && !p.prefetch) stamp_fetch_end(h);
 }
@@ -180,9 +149,10 @@ void check_params(const ExpertFetchParams& p, int max_experts, const char* who) 
 template <bool EarlyDependents>
 void launch_copy(const ExpertFetchParams& p, cudaStream_t stream) {
     const int64_t most_fills = p.n_ids < p.n_experts ? p.n_ids : p.n_experts;
-    const int64_t chunks = (p.blob_bytes + copy_chunk - 1) / copy_chunk;
-    const dim3 grid(unsigned(chunks < copy_blocks_per_fill ? chunks : copy_blocks_per_fill),
-                    unsigned(most_fills));
+    const int64_t chunks = (p.blob_bytes + expert_copy::chunk - 1) / expert_copy::chunk;
+    const dim3 grid(
+        unsigned(chunks < expert_copy::blocks_per_fill ? chunks : expert_copy::blocks_per_fill),
+        unsigned(most_fills));
     launch_maybe_dependent(fetch_copy_kernel<EarlyDependents>, grid, dim3(copy_threads), 0, stream,
                            p.pdl, p);
 }

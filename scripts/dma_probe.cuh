@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda_check.h"
+#include "expert_copy.cuh"
 
 namespace dma_probe {
 
@@ -22,33 +23,16 @@ __device__ __forceinline__ uint64_t global_ns() {
     return t;
 }
 
-// The expert fetch's copy (kernels/expert_fetch.cu, replicated here so the probes measure the
-// same loads): block part of `parts` moves chunks part, part + parts, ... of `bytes`, each with
-// copy_threads threads holding copy_unroll 16-byte loads in flight.
-constexpr int copy_threads = 256, copy_unroll = 8, copy_blocks = 22;
-constexpr size_t copy_chunk = 128 << 10;
+// The expert fetch's copy loop (kernels/expert_copy.cuh, the same code the fetch runs): block
+// `part` of `parts` moves chunks part, part + parts, ... of `bytes`.
+constexpr int copy_threads = minids::kernels::expert_copy::threads;
+constexpr int copy_blocks = int(minids::kernels::expert_copy::blocks_per_fill);
+constexpr size_t copy_chunk = size_t(minids::kernels::expert_copy::chunk);
 
 __device__ inline void copy_chunks(const uint8_t* src, uint8_t* dst, size_t bytes, size_t part,
                                    size_t parts) {
-    for (size_t begin = part * copy_chunk; begin < bytes; begin += parts * copy_chunk) {
-        const size_t left = bytes - begin;
-        const size_t n16 = (left < copy_chunk ? left : copy_chunk) / 16;
-        const auto* s4 = reinterpret_cast<const uint4*>(src + begin);
-        auto* d4 = reinterpret_cast<uint4*>(dst + begin);
-        for (size_t i = threadIdx.x; i < n16; i += size_t(copy_threads) * copy_unroll) {
-            uint4 r[copy_unroll];
-#pragma unroll
-            for (int u = 0; u < copy_unroll; ++u) {
-                const size_t j = i + size_t(u) * copy_threads;
-                if (j < n16) r[u] = s4[j];
-            }
-#pragma unroll
-            for (int u = 0; u < copy_unroll; ++u) {
-                const size_t j = i + size_t(u) * copy_threads;
-                if (j < n16) d4[j] = r[u];
-            }
-        }
-    }
+    minids::kernels::expert_copy::copy_part(src, dst, int64_t(bytes), int64_t(part),
+                                            int64_t(parts));
 }
 
 // Reads n bytes (16 at a time) and writes one sum per block; block 0 thread 0 stamps the time
