@@ -317,7 +317,7 @@ std::unique_ptr<ExpertOffload> make_expert_cache(const LoadedModel& m,
         const bool engines = cache->fills_by_engines_possible();
         const bool all_fills = copy_engines_asked("MINIDS_FETCH_COPY", engines);
         // auto: prefetch where its copies can go to the copy engines behind the misses (the
-        // only way it measured faster), 3 of the next layer's experts (the best N measured).
+        // only way it measured faster): kAutoPrefetch and kAutoPrefetchFills, above.
         const int prefetch =
             flags.expert_prefetch >= 0 ? flags.expert_prefetch
             : engines ? std::min(kAutoPrefetch, int(m.model->config().num_experts_per_tok))
