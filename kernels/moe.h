@@ -268,6 +268,16 @@ struct MoeExpertsParams {
     // Decode path: both kernels launched dependent on the previous kernel (dependent_launch.cuh);
     // the shared expert's first weights are requested before waiting for it.
     bool pdl = false;
+    // Decode path, launched right after an expert cache's fetch launch (the layer's own or the
+    // prefetch behind it: ggml-like/cuda/launches.cpp sets it only there), whose state this is.
+    // Launch 1's blocks then start without waiting for that launch: the shared expert's and
+    // those of experts no fill of this step wrote (the step's fill log names the slots), so they
+    // run while the misses cross the link; a block whose expert's slot is in the fill log still
+    // waits for the fetch launch (its copies, or its wait for the copy engines). Safe because
+    // such a launch writes neither x nor the ids, and the tables and fill log it reads were
+    // written by plans that completed before it started (docs/expert-cache.md, "Hit experts
+    // while the misses cross").
+    const mgl::expert_fetch_header* fetch_state = nullptr;
     MoeGroupedConfig grouped;
 };
 

@@ -65,6 +65,9 @@ struct DecodeArgs {
     const void* norm_w;
     bool norm_w_bf16;
     float norm_eps;
+    // MoeExpertsParams::fetch_state: launch 1's blocks wait for the previous launch only when
+    // their expert's slot was filled in this step.
+    const mgl::expert_fetch_header* fetch;
 };
 
 __device__ __forceinline__ float norm_weight(const DecodeArgs& a, int64_t i) {
@@ -165,7 +168,9 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
     if constexpr (VEC) {
         if (active) load(0);
     }
-    pdl_wait();  // x comes from the previous kernel (a no-op when it was waited for already)
+    // x comes from the previous kernel (a no-op when it was waited for already); after a fetch
+    // launch it was written before that launch started (DecodeArgs::fetch).
+    if (!a.fetch) pdl_wait();
     constexpr bool bits = VEC && CVT == Fp8Convert::bit_ops && DT == mgl::dtype::f8_e4m3;
     const float pre = bits ? fp8_bits_x_scale : 1.0f;
     const float* x = a.x + t * a.x_stride;
@@ -254,6 +259,24 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
     }
 }
 
+// After a fetch launch (DecodeArgs::fetch): whether routed job j of token t reads a slot that a
+// fill of this step wrote, so that its copy may still be in flight. Uniform over the block (each
+// warp scans the fill log itself). Conservative: a slot filled earlier in the step for another
+// expert counts too. An id outside [0, E) or an expert read in place (its home) never waits.
+__device__ bool reads_new_fill(const DecodeArgs& a, unsigned t, int j) {
+    const int32_t id = a.ids[t * a.k + j];
+    if (id < 0 || id >= a.n_experts) return false;
+    const mgl::expert_fetch_header* h = a.fetch;
+    const int64_t off = a.table[id] - h->slot_base;
+    if (off < 0 || off >= h->n_slots * h->slot_stride) return false;
+    const int32_t slot = int32_t(off / h->slot_stride);
+    const auto* fills = reinterpret_cast<const int32_t*>(h->fill_log);
+    const int64_t n = h->n_fills;
+    bool hit = false;
+    for (int64_t f = threadIdx.x % 32; f < n; f += 32) hit = hit || fills[2 * f + 1] == slot;
+    return __any_sync(0xffffffffu, hit);
+}
+
 // Block = (token, job, rows): job j < k is the token's j-th routed expert, j == k the shared
 // expert; each warp computes R row pairs.
 template <bool VEC, int U, Fp8Convert CVT, int R>
@@ -281,9 +304,10 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
     }
     const bool shared = j == a.k;
     // Under PDL, a routed job waits before it reads its expert id; the shared expert's weights
-    // never change, so its first loads go out before the wait (in gate_up_block).
+    // never change, so its first loads go out before the wait (in gate_up_block). After a fetch
+    // launch only a job whose expert may still be crossing waits (DecodeArgs::fetch).
     pdl_launch_dependents();
-    if (!shared) pdl_wait();
+    if (!shared && (!a.fetch || reads_new_fill(a, t, j))) pdl_wait();
     const int64_t rows = shared ? a.sh_n_ff : a.n_ff;
     const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
     const int64_t row0 = int64_t(row_block) * warps * R;
@@ -847,6 +871,7 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.norm_w = p.norm_w;
     a.norm_w_bf16 = p.norm_w_type == mgl::dtype::bf16;
     a.norm_eps = p.norm_eps;
+    a.fetch = p.pdl ? p.fetch_state : nullptr;  // without PDL the launch waits for it anyway
 
     const bool bits = c.fp8_convert == Fp8Convert::bit_ops;
     if (!weights_vec_aligned(p)) {

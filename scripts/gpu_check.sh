@@ -7,13 +7,15 @@
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
 #                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...] [--ab-hits]
-#                        [--hugepages-ab]
+#                        [--ab-offload] [--hugepages-ab]
 #
 # --ab VAR=VALUE (repeatable) runs the demo model (GPU vs CPU) and the FP8 tg128 and pp512 once
 # more with that environment variable set: one binary A/Bs a switch on the whole model.
 # --ab-hits adds to each --ab the expert cache's every-expert-a-hit pair (the resident tg128 and
 # the 12 GiB cache's tg128 on the replayed sticky trace) with that variable set, next to the
 # default row; e.g. --ab MINIDS_CUDA_FUSE=norm,residual,route,mla_prep,route_fetch --ab-hits.
+# --ab-offload adds to each --ab the 12 GiB plan's four phases (-r 1), alternated twice with the
+# default's (processes differ by a few %: each setting runs in two of them).
 # --fetch-compare adds the expert cache's host fetch (and its copy-stream variant) next to the
 # default device fetch.
 # --profile adds a profiled FP8 bench (MINIDS_CUDA_PROFILE=1: time per launch of the decode graph
@@ -37,7 +39,7 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
 KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
-AB_HITS=0 HUGEPAGES_AB=0
+AB_HITS=0 AB_OFFLOAD=0 HUGEPAGES_AB=0
 AB=()
 while [[ $# -gt 0 ]]; do
     a=$1
@@ -45,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     case "$a" in
         --ab) AB+=("$1"); shift ;;
         --ab-hits) AB_HITS=1 ;;
+        --ab-offload) AB_OFFLOAD=1 ;;
         --kernels) KERNELS=1 ;;
         --full-size) FULL=1 ;;
         --fixtures) FIXTURES=1 ;;
@@ -276,6 +279,22 @@ bench_model() {  # $1 = expert dtype
                 --expert-cache-copy-stream --expert-cache-admit frequency \
                 > "$OUT/bench_offload_12g_cs.md" 2> "$OUT/bench_offload_12g_cs.log"
             say "offload 12GiB, copy stream + frequency admission: rc=$?"
+        fi
+        if [[ $AB_OFFLOAD == 1 ]]; then
+            local i=0
+            for ab in ${AB[@]+"${AB[@]}"}; do
+                i=$((i + 1))
+                for round in 1 2; do
+                    for setting in "$ab" default; do
+                        local t="$OUT/bench_offload_12g_ab${i}_${round}_${setting%%=*}.md"
+                        env $([[ $setting != default ]] && echo "$setting") timeout 300 "$BIN/minids" bench \
+                            -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB > "$t" 2>/dev/null
+                        grep -E '\| (cold|warm), ' "$t" | while read -r line; do
+                            say "bench offload 12GiB ($setting, round $round) phase: $line"
+                        done
+                    done
+                done
+            done
         fi
         # Every expert a hit (issue 10: within 5 % of the resident speed): a replayed trace whose
         # experts never change (stickiness 1: each token reuses the previous token's six), so

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "../ggml-like/cuda/fusion.h"
+#include "../ggml-like/cuda/launches.h"
 #include "../kernels/moe.h"
 #include "cuda_layer_fixture.h"
 #include "model_test_util.h"
@@ -751,6 +752,71 @@ TEST_CASE(
             MESSAGE("side steps beside main steps in memory planned for node order: "
                     << unsafe << " conflicts");
             CHECK(unsafe > 0);
+        }
+    }
+}
+
+// The launch list needs a device (the launches size themselves to it), but runs nothing.
+TEST_CASE(
+    "mgl cuda launches: a layer's experts start beside the fetch launch before them, and only "
+    "there" *
+    doctest::skip(!minids::test::cuda_device_available())) {
+    TestModel m = open_test_model(converted_fixture(dtype::bf16), 1);
+    const int64_t n_moe = int64_t(m.model->moe_layers().size());
+    for (const bool route_fetch : {false, true}) {
+        CAPTURE(route_fetch);
+        FetchGraph fg(m, 1, false, 2);
+        const mgl::graph& g = fg.g;
+        mgl::cuda_fusions on;
+        on.route_fetch = route_fetch;
+        on.side_stream = true;
+        const mgl::cuda::fusion_plan f = mgl::cuda::plan_fusions(g, on);
+        mgl::cuda_fusions serial = on;
+        serial.side_stream = false;
+        const mgl::cuda::fusion_plan fs = mgl::cuda::plan_fusions(g, serial);
+        // A layer's experts start beside the launch before them only when it is a fetch's plan
+        // and copy on their stream: the prefetch behind the layer's misses, the layer's own
+        // fetch (the last layer's, or any with the prefetch on the side stream), or with
+        // route_fetch a fetch or prefetch its routing launch could not plan; never after a copy
+        // planned in the routing launch, which lets the next kernel in before the plan is done,
+        // nor after a join (the side stream's event).
+        const mgl::cuda::launch_context no_rope{
+            [](const std::shared_ptr<const mgl::rope_params>&) -> const float* { return nullptr; }};
+        // The launches' parameters take addresses: host memory stands in for the device's.
+        const auto host = mgl::make_cpu_backend(1);
+        std::vector<mgl::buffer_ptr> leaf_memory;
+        for (mgl::tensor* leaf : g.leafs)
+            if (!leaf->data) {
+                leaf_memory.push_back(host->alloc_buffer(mgl::nbytes(*leaf)));
+                leaf->data = leaf_memory.back()->base();
+            }
+        for (const mgl::cuda::fusion_plan* plan : {&fs, &f}) {
+            const mgl::alloc_plan placed = mgl::plan_allocation(g, 256, plan->also_reads);
+            const mgl::buffer_ptr arena = host->alloc_buffer(placed.arena_bytes);
+            mgl::apply_plan(const_cast<mgl::graph&>(g), placed, *arena);
+            const mgl::cuda::launch_list launches = mgl::cuda::build_launches(g, *plan, no_rope);
+            int moe = 0, early = 0;
+            const mgl::cuda::launch_step* prev_main = nullptr;
+            for (const mgl::cuda::launch_step& s : launches.steps) {
+                if (s.node && mgl::is_expert_prefetch(*s.node)) CHECK(s.side == (plan == &f));
+                if (s.side) continue;
+                if (s.what.rfind("moe_experts", 0) == 0) {
+                    ++moe;
+                    early += s.after_fetch ? 1 : 0;
+                    REQUIRE(prev_main != nullptr);
+                    CAPTURE(prev_main->what);
+                    CHECK(s.after_fetch == (!s.join && prev_main->what == "expert_fetch" &&
+                                            prev_main->node->op_kind == mgl::op::expert_fetch));
+                }
+                prev_main = &s;
+            }
+            CHECK(moe == n_moe);
+            // Without route_fetch every layer's experts follow a fetch or prefetch launch.
+            if (route_fetch) {
+                CHECK(early < n_moe);
+            } else {
+                CHECK(early == n_moe);
+            }
         }
     }
 }

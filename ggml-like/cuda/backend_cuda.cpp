@@ -483,7 +483,13 @@ private:
 
     static void run_step(const launch_step& s, const exec_env& env) {
         try {
-            s.run(env);
+            if (s.after_fetch) {
+                exec_env e = env;
+                e.after_fetch = true;
+                s.run(e);
+            } else {
+                s.run(env);
+            }
         } catch (const std::exception& e) {
             throw error(std::string(e.what()) + " [cuda " + s.what + " for '" +
                         (s.node ? s.node->name : std::string()) + "']");

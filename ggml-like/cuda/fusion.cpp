@@ -143,6 +143,10 @@ bool gemm_split_x_from_env() {
     return choice_from_env("MINIDS_CUDA_GEMM_X", {"split", "bf16"}) != 1;
 }
 
+bool moe_hits_early_from_env() {
+    return choice_from_env("MINIDS_MOE_HITS", {"early", "after-fetch"}) != 1;
+}
+
 int stream_plan_from_env() {
     return choice_from_env("MINIDS_STREAM_PLAN", {"1", "2"}) == 0 ? 1 : 2;
 }

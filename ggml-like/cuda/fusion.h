@@ -80,6 +80,12 @@ bool gemm_split_x_from_env();
 // error.
 int stream_plan_from_env();
 
+// MINIDS_MOE_HITS: when a MoE decode launch follows an expert fetch's launch, `early` (the
+// default) starts the shared expert and the experts no fill of the step wrote without waiting
+// for it (kernels/moe.h, MoeExpertsParams::fetch_state); `after-fetch` waits as every launch
+// does. Anything else is an error.
+bool moe_hits_early_from_env();
+
 // MINIDS_MOE_GROUPED picks the tensor-core GEMM kernel of the grouped (prompt) MoE path: staged
 // or pipelined (kernels/moe.h, MoeGroupedKernel); unset or empty keeps
 // moe_grouped_default_kernel(). Anything else is an error.

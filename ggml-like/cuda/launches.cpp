@@ -94,6 +94,12 @@ int stream_plan() {
     return plan;
 }
 
+// MINIDS_MOE_HITS (fusion.h), read once.
+bool hits_before_fetch() {
+    static const bool early = moe_hits_early_from_env();
+    return early;
+}
+
 // MINIDS_MOE_GROUPED (fusion.h), read once.
 kn::MoeGroupedKernel moe_grouped_kernel() {
     static const kn::MoeGroupedKernel k = moe_grouped_kernel_from_env();
@@ -551,10 +557,18 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     p.decode = moe_decode_config();
     p.grouped.kernel = moe_grouped_kernel();
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
+    // The cache's state, when the table is an expert fetch's (its alias).
+    const tensor* fetched = n.src[3];
+    while (fetched && fetched->op_kind == op::view) fetched = fetched->src[0];
+    const auto* fetch_state = fetched && fetched->op_kind == op::expert_fetch
+                                  ? static_cast<const expert_fetch_header*>(fetched->src[2]->data)
+                                  : nullptr;
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
     if (add) what += "+add";
-    return {what, add ? add : &n, [p](const exec_env& env) {
-                kn::moe_experts(with_pdl(p, env), env.scratch, env.scratch_bytes, env.stream);
+    return {what, add ? add : &n, [p, fetch_state](const exec_env& env) {
+                kn::MoeExpertsParams q = with_pdl(p, env);
+                if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
+                kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
             }};
 }
 
@@ -912,6 +926,17 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         st.join = f.join_before.count(n) != 0;
         st.side = side;
         out.has_side = out.has_side || side;
+    }
+    // Which launches follow an expert fetch's plan and copy on their stream (the side stream's
+    // first launch after a fork follows an event, not a kernel: never).
+    const launch_step* prev_main = nullptr;
+    const launch_step* prev_side = nullptr;
+    for (launch_step& st : out.steps) {
+        const launch_step*& prev = st.side ? prev_side : prev_main;
+        st.after_fetch = prev && !st.join && prev->node &&
+                         prev->node->op_kind == op::expert_fetch && prev->what == "expert_fetch";
+        prev = &st;
+        if (!st.side) prev_side = nullptr;  // the next side launch follows a fork
     }
     out.scratch_bytes = align_up(scratch);
     out.side_scratch_bytes = align_up(side_scratch);

@@ -33,6 +33,8 @@ struct exec_env {
     // The launches are being captured into a graph that the host will launch whole, with one
     // call (not run eagerly, one host call per launch).
     bool captured = false;
+    // This launch follows an expert fetch's launch (launch_step::after_fetch).
+    bool after_fetch = false;
 };
 
 struct launch_step {
@@ -43,6 +45,11 @@ struct launch_step {
     // scratch and matmul workspace, and no PDL), or waits for the side stream before it runs.
     bool side = false;
     bool join = false;
+    // The previous launch on its stream is an expert fetch's plan and copy (the layer's own or a
+    // prefetch; not a staged one, nor a copy planned by its routing launch, which lets the next
+    // kernel in before its plan is done): a MoE launch then starts the experts that no fill of
+    // the step wrote without waiting for it (kernels::MoeExpertsParams::fetch_state).
+    bool after_fetch = false;
 };
 
 // What the launches need from the backend besides the graph.
