@@ -16,6 +16,7 @@
 #include "elementwise.h"
 #include "fusion.h"
 #include "launches.h"
+#include "link_trace.h"
 #include "mgl-cuda.h"
 #include "step_profile.h"
 
@@ -58,9 +59,18 @@ private:
 // drain()).
 class cuda_transfer_queue final : public transfer_queue {
 public:
-    ~cuda_transfer_queue() override { (void)cudaStreamSynchronize(stream_.get()); }
+    cuda_transfer_queue() {
+        if (env_flag("MINIDS_LINK_TRACE", false))
+            trace_ = std::make_unique<link_trace>("a transfer queue's copies");
+    }
+    ~cuda_transfer_queue() override {
+        (void)cudaStreamSynchronize(stream_.get());
+        trace_.reset();  // prints, now that every copy has landed
+    }
     void copy(void* dst, const void* src, size_t n) override {
+        if (trace_) trace_->before(stream_.get());
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_.get()));
+        if (trace_) trace_->after(stream_.get(), n);
     }
     uint64_t fence() override {
         event e;
@@ -105,6 +115,7 @@ public:
 
 private:
     cuda::stream stream_;
+    std::unique_ptr<link_trace> trace_;  // MINIDS_LINK_TRACE=1
     std::deque<std::pair<uint64_t, event>> pending_;
     uint64_t fences_ = 0, completed_ = 0;
 };
