@@ -61,6 +61,11 @@ __device__ __forceinline__ bool is_protected(const PlanShared<MaxE>& s, int32_t 
     return (s.protect[e >> 5] >> (e & 31)) & 1u;
 }
 
+template <int MaxE>
+__device__ __forceinline__ bool is_chosen(const PlanShared<MaxE>& s, int32_t e) {
+    return (s.chosen[e >> 5] >> (e & 31)) & 1u;
+}
+
 // The device's global timer, ns (the stall counter: expert_fetch_header::fetch_ns).
 __device__ __forceinline__ int64_t global_ns() {
     uint64_t t;
@@ -162,9 +167,7 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     if (capped && tid == 0) {
         for (int64_t i = 0, n = 0; i < p.n_ids && n < p.max_fills; ++i) {
             const int32_t e = p.ids[i];
-            if (e < 0 || e >= E || ((s.chosen[e >> 5] >> (e & 31)) & 1u) ||
-                p.table[e] != homes[layer * E + e])
-                continue;
+            if (e < 0 || e >= E || is_chosen(s, e) || p.table[e] != homes[layer * E + e]) continue;
             s.chosen[e >> 5] |= 1u << (e & 31);
             ++n;
         }
@@ -172,10 +175,9 @@ __device__ void plan_fetch(const ExpertFetchParams& p, PlanShared<MaxE>& s, int6
     __syncthreads();
     // Which used experts are home (to fetch): their table entry against their home address.
     for (int e = tid; e < E; e += n_threads)
-        s.at_home[e] = is_used(s, e) && p.table[e] == homes[layer * E + e] &&
-                               (!capped || ((s.chosen[e >> 5] >> (e & 31)) & 1u))
-                           ? 1
-                           : 0;
+        s.at_home[e] =
+            is_used(s, e) && p.table[e] == homes[layer * E + e] && (!capped || is_chosen(s, e)) ? 1
+                                                                                                : 0;
     __syncthreads();
     if (tid < 32) {
         // Warp 0 lists the misses in increasing order, 32 experts per ballot (a loop over every
