@@ -4,6 +4,10 @@
 // the copy's time is most of a 12 GiB step. Cases, each over 1 and over 6 V2-Lite FP8 experts
 // (8.67 MB each, one pinned host buffer -> one device buffer):
 //   dma         cudaMemcpyAsync per expert (the copy engines);
+//   dma2        the same, the experts alternating between two streams (two copies in flight, so
+//               one's start overlaps the other's end);
+//   dmahalf     each expert as two copies of half its bytes, one on each of two streams;
+//   dmaall      one cudaMemcpyAsync for all the experts' bytes (the rate without per-copy cost);
 //   sm B        the fetch's copy kernel: B blocks per expert x 256 threads, 8 16-byte loads in
 //               flight per thread, 128 KiB chunks (B = 22 is the fetch's);
 //   tma B C S   the Hopper bulk-copy unit (cp.async.bulk): B blocks per expert, each moving
@@ -107,7 +111,7 @@ struct Case {
 
 Case parse_case(const std::string& s) {
     Case c{s};
-    if (s == "dma") return c;
+    if (s == "dma" || s == "dma2" || s == "dmahalf" || s == "dmaall") return c;
     if (s.rfind("sm", 0) == 0) {
         c.blocks = std::stoi(s.substr(2));
         return c;
@@ -126,8 +130,38 @@ void run_case(const Case& c, const uint8_t* host, uint8_t* dev, int n_experts, i
         CUDA_CHECK(
             cudaFuncSetAttribute(tma_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     }
+    // Two-stream cases: the second stream joins the first at the start and end of a launch.
+    static cudaStream_t second = nullptr;
+    static cudaEvent_t fork = nullptr, join = nullptr;
+    if (!second) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    }
     auto launch = [&] {
-        if (c.name == "dma") {
+        if (c.name == "dma2" || c.name == "dmahalf") {
+            CUDA_CHECK(cudaEventRecord(fork, stream));
+            CUDA_CHECK(cudaStreamWaitEvent(second, fork, 0));
+            for (int j = 0; j < n_experts; ++j) {
+                const size_t at = size_t(j) * expert_bytes;
+                if (c.name == "dma2") {
+                    CUDA_CHECK(cudaMemcpyAsync(dev + at, host + at, expert_bytes,
+                                               cudaMemcpyHostToDevice, j % 2 ? second : stream));
+                } else {
+                    const size_t half = (expert_bytes / 2 + 4095) / 4096 * 4096;
+                    CUDA_CHECK(
+                        cudaMemcpyAsync(dev + at, host + at, half, cudaMemcpyHostToDevice, stream));
+                    CUDA_CHECK(cudaMemcpyAsync(dev + at + half, host + at + half,
+                                               expert_bytes - half, cudaMemcpyHostToDevice,
+                                               second));
+                }
+            }
+            CUDA_CHECK(cudaEventRecord(join, second));
+            CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+        } else if (c.name == "dmaall") {
+            CUDA_CHECK(cudaMemcpyAsync(dev, host, expert_bytes * size_t(n_experts),
+                                       cudaMemcpyHostToDevice, stream));
+        } else if (c.name == "dma") {
             for (int j = 0; j < n_experts; ++j)
                 CUDA_CHECK(cudaMemcpyAsync(dev + size_t(j) * expert_bytes,
                                            host + size_t(j) * expert_bytes, expert_bytes,
@@ -174,9 +208,10 @@ void run_case(const Case& c, const uint8_t* host, uint8_t* dev, int n_experts, i
 
 int main(int argc, char** argv) {
     int reps = 30;
-    std::vector<std::string> cases = {"dma",         "sm22",       "sm44",       "sm132",
-                                      "tma22_32_4",  "tma22_64_3", "tma44_32_4", "tma66_16_6",
-                                      "tma132_16_4", "tma132_32_3"};
+    std::vector<std::string> cases = {"dma",        "dma2",       "dmahalf",    "dmaall",
+                                      "sm22",       "sm44",       "sm132",      "tma22_32_4",
+                                      "tma22_64_3", "tma44_32_4", "tma66_16_6", "tma132_16_4",
+                                      "tma132_32_3"};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--reps" && i + 1 < argc) {

@@ -262,6 +262,12 @@ bench_model() {  # $1 = expert dtype
             -m "$f" -p 512 -n 128 -r 1 -o md --vram-budget 12GiB --sweep-prefetch 3 \
             --expert-prefetch-fills 0 > "$OUT/bench_offload_12g_prefetch_side.md" 2> "$OUT/bench_offload_12g_prefetch_side.log"
         say "offload 12GiB, prefetch 3 uncapped on a side stream: rc=$?"
+        # Where the link idles (MINIDS_LINK_TRACE=1: each copy of the copy engines timed by an
+        # event pair; the traced run is a few % slower): the idle time between copies before a
+        # step's first copy and within steps, by gap size (the log has the table).
+        MINIDS_LINK_TRACE=1 timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 1 -o md \
+            --vram-budget 12GiB > "$OUT/bench_offload_12g_link_trace.md" 2> "$OUT/bench_offload_12g_link_trace.log"
+        say "offload 12GiB, link trace: rc=$?; $(grep -h -m1 '^link trace' "$OUT/bench_offload_12g_link_trace.log" | sed 's/^link trace ([^)]*): //')"
         # Every fill is copied by the copy engines by default (MINIDS_FETCH_COPY=engines, issued
         # by the host's proxy thread); the same phases with the fetch's copy kernel, to compare
         # (both without prefetch).

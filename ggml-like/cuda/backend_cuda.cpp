@@ -68,7 +68,7 @@ public:
         trace_.reset();  // prints, now that every copy has landed
     }
     void copy(void* dst, const void* src, size_t n) override {
-        if (trace_) trace_->before(stream_.get());
+        if (trace_) trace_->before(stream_.get(), src);
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_.get()));
         if (trace_) trace_->after(stream_.get(), n);
     }
