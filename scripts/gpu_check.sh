@@ -2,7 +2,8 @@
 # Everything minids checks on a GPU machine, in one call, ending with one summary line per check:
 # the GPU test cases, the whole suite, GPU vs CPU on the demo model, the synthetic V2-Lite
 # benchmarks (FP8 and BF16 experts, pp512 / tg128 / tg128 at depth 32768, time to first token;
-# FP8 also with the expert cache at a 12 GiB budget and at 208 slots, and with the staging store),
+# FP8 also with the expert cache at a 12 GiB budget and at 208 slots, with the staging store, and
+# traced to show where the host link idles: MINIDS_LINK_TRACE),
 # and optionally the kernel benchmarks and the full-size check against transformers.
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
