@@ -22,11 +22,16 @@
 // each layer's router on its own state gives the recorded routing.
 // --chat: the text's paragraphs (blank-line separated) become alternating user / assistant
 // messages rendered with the model's chat template.
+// TEXT `random:N` or `random:N:SEED` reads N token ids drawn uniformly from the vocabulary
+// instead (std::mt19937_64, seed 37 by default: the tokens `minids bench` decodes), for
+// random-weight models whose benchmarks decode such tokens.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -179,25 +184,37 @@ int main(int argc, char** argv) {
         auto backend = mgl::make_cpu_backend(0);
         Deepseek2Model model(*file, *backend);
         Tokenizer tok(file->tokenizer());
-        std::ifstream in(argv[2], std::ios::binary);
-        const std::string text(std::istreambuf_iterator<char>(in), {});
+        const std::string source = argv[2];
         std::vector<int32_t> ids;
-        if (chat) {
-            std::vector<ChatMessage> msgs;
-            size_t p = 0;
-            while (p < text.size()) {
-                size_t q = text.find("\n\n", p);
-                if (q == std::string::npos) q = text.size();
-                if (q > p)
-                    msgs.push_back({msgs.size() % 2 ? "assistant" : "user", text.substr(p, q - p)});
-                p = q + 2;
-            }
-            const std::string src = resolve_chat_template("", tok.data().chat_template);
-            const std::string bos = tok.bos_id() ? tok.token_text(*tok.bos_id()) : "";
-            const std::string eos = tok.eos_id() ? tok.token_text(*tok.eos_id()) : "";
-            ids = tok.encode(render_chat(src, msgs, false, bos, eos), false, true);
+        if (source.rfind("random:", 0) == 0) {
+            long long n = 0;
+            unsigned long long seed = 37;
+            if (std::sscanf(source.c_str() + 7, "%lld:%llu", &n, &seed) < 1 || n < 1)
+                throw std::runtime_error("expected random:N or random:N:SEED, got " + source);
+            std::mt19937_64 rng(seed);
+            std::uniform_int_distribution<int64_t> dist(0, model.config().vocab_size - 1);
+            for (long long i = 0; i < n; ++i) ids.push_back(int32_t(dist(rng)));
         } else {
-            ids = tok.encode(text, true);
+            std::ifstream in(source, std::ios::binary);
+            const std::string text(std::istreambuf_iterator<char>(in), {});
+            if (chat) {
+                std::vector<ChatMessage> msgs;
+                size_t p = 0;
+                while (p < text.size()) {
+                    size_t q = text.find("\n\n", p);
+                    if (q == std::string::npos) q = text.size();
+                    if (q > p)
+                        msgs.push_back(
+                            {msgs.size() % 2 ? "assistant" : "user", text.substr(p, q - p)});
+                    p = q + 2;
+                }
+                const std::string src = resolve_chat_template("", tok.data().chat_template);
+                const std::string bos = tok.bos_id() ? tok.token_text(*tok.bos_id()) : "";
+                const std::string eos = tok.eos_id() ? tok.token_text(*tok.eos_id()) : "";
+                ids = tok.encode(render_chat(src, msgs, false, bos, eos), false, true);
+            } else {
+                ids = tok.encode(text, true);
+            }
         }
         if (int64_t(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
 
