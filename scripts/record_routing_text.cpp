@@ -4,8 +4,8 @@
 // before `run --record-routing` could record generated tokens; it reads the routing through
 // Session::eval's tensor observer (expert_ids-L, expert_weights-L).
 //
-//   record_routing_text MODEL.mds TEXT_FILE OUT.npz [--chat] [--max-tokens N] [--chunk N]
-//                       [--probs PROBS.npy] [--predict PRED.npy] [--predict-depth D]
+//   record_routing_text MODEL.mds TEXT_FILE|random:N[:SEED] OUT.npz [--chat] [--max-tokens N]
+//                       [--chunk N] [--probs PROBS.npy] [--predict PRED.npy] [--predict-depth D]
 //                       [--predict-from ffn_inp|l_out]
 //
 // --probs also writes every router's whole probability vector, <f4 [T, L, E] (what the trace
@@ -160,7 +160,8 @@ void report_accuracy(const routing::RoutingTrace& tr, const std::vector<int16_t>
 int main(int argc, char** argv) {
     if (argc < 4) {
         std::fprintf(stderr,
-                     "usage: record_routing_text MODEL.mds TEXT OUT.npz [--chat] [--max-tokens N] "
+                     "usage: record_routing_text MODEL.mds TEXT|random:N[:SEED] OUT.npz [--chat] "
+                     "[--max-tokens N] "
                      "[--chunk N] [--probs PROBS.npy] [--predict PRED.npy] [--predict-depth D] "
                      "[--predict-from ffn_inp|l_out]\n");
         return 2;
