@@ -3,7 +3,8 @@
 //
 // Replays a routing trace and its routers' predictions (record_routing_text --predict
 // --predict-depth 2; `random:N` for the tokens bench decodes) through one pool of S slots shared
-// by every layer, with LRU standing in for the engine's policy, under the engine's prefetch rules:
+// by every layer (routing::ExpertCache, the engine's own bookkeeping, with LRU standing in for
+// the engine's decay policy; pins keep what must stay), under the engine's prefetch rules:
 // after layer l's own experts, up to F of the best-ranked of layer l+1's top N predictions that
 // are not in slots are loaded (`--expert-prefetch N --expert-prefetch-fills F`); with the
 // fallback, when all of those N are in slots, the best-ranked missing one of layer l+2's top N is
@@ -25,9 +26,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "routing/expert_cache.h"
 #include "routing/prefetch.h"
 #include "routing/trace.h"
 
@@ -42,72 +46,38 @@ struct Counts {
     std::vector<uint8_t> demand, prefetched;
 };
 
-class Pool {
-public:
-    Pool(int64_t slots, int64_t keys) : stamp_(size_t(keys), -1), kind_(size_t(keys), -1) {
-        slots_.reserve(size_t(slots));
-        capacity_ = slots;
-    }
-    bool has(int64_t key) const { return stamp_[size_t(key)] >= 0; }
-    // A hit: its prefetch kind (0 / 1) when this is the prefetched copy's first read, else -1.
-    int touch(int64_t key) {
-        stamp_[size_t(key)] = ++clock_;
-        const int k = kind_[size_t(key)];
-        kind_[size_t(key)] = -1;
-        return k;
-    }
-    // Loads `key`, evicting the least recently used key `keep` does not hold; false when every
-    // slot is kept.
-    template <class Keep>
-    bool load(int64_t key, int kind, Keep keep) {
-        if (int64_t(slots_.size()) < capacity_) {
-            slots_.push_back(key);
-        } else {
-            int64_t victim = -1;
-            for (size_t i = 0; i < slots_.size(); ++i) {
-                const int64_t k = slots_[i];
-                if (keep(k)) continue;
-                if (victim < 0 || stamp_[size_t(k)] < stamp_[size_t(slots_[size_t(victim)])])
-                    victim = int64_t(i);
-            }
-            if (victim < 0) return false;
-            const int64_t old = slots_[size_t(victim)];
-            stamp_[size_t(old)] = -1;
-            kind_[size_t(old)] = -1;
-            slots_[size_t(victim)] = key;
-        }
-        stamp_[size_t(key)] = ++clock_;
-        kind_[size_t(key)] = kind;
-        return true;
-    }
-
-private:
-    int64_t capacity_ = 0, clock_ = 0;
-    std::vector<int64_t> slots_;
-    std::vector<int64_t> stamp_;  // per key: last use, -1 when not in a slot
-    std::vector<int> kind_;       // per key: prefetch kind of an unread prefetched copy, or -1
-};
-
 // `fills`: the most copies a layer's prefetch makes from the next layer's top `top` (0: all the
 // missing ones); the fallback, when on, is tried only where none is missing.
 Counts replay(const RoutingTrace& trace, const Predictions& pred, int64_t slots, int top, int fills,
               bool fallback, int64_t skip) {
     const int32_t L = trace.shape.n_moe_layers(), E = trace.shape.n_experts, k = trace.shape.top_k;
-    Pool pool(slots, int64_t(L) * E);
-    Counts c;
-    std::vector<int64_t> kept;
-    auto kept_has = [&](int64_t key) {
-        for (int64_t x : kept)
-            if (x == key) return true;
-        return false;
+    // The engine's bookkeeping objects (routing/expert_cache.h): a slot is pinned while the
+    // current layer's kernels or the experts a prefetch ranks must stay, as in the engine.
+    CacheConfig config;
+    config.policy = Policy::lru;
+    config.n_layers = L;
+    config.n_experts = E;
+    config.n_slots = slots;
+    const std::unique_ptr<ExpertCache> cache = make_expert_cache(config);
+    // Per key: the kind (0 / 1) of a prefetched copy its layer has not read yet, or -1.
+    std::vector<int> unread(size_t(L) * size_t(E), -1);
+    auto note_load = [&](const AccessResult& r, int kind, int32_t layer, int32_t e) {
+        if (r.evicted >= 0) unread[size_t(r.evicted)] = -1;
+        unread[size_t(layer) * size_t(E) + size_t(e)] = kind;
+    };
+    auto resident = [&](int32_t layer, int32_t e) { return cache->slot_of(layer, e) >= 0; };
+    // Pins `ids`' first `top` experts of `layer` that are in slots, without counting a use.
+    auto pin_resident = [&](const int16_t* ids, int32_t layer) {
+        for (int i = 0; i < top && i < pred.top_k; ++i)
+            if (ids[i] >= 0 && resident(layer, ids[i])) cache->prefetch(layer, ids[i], true);
     };
     // The best-ranked of `ids`' first `top` (layer `layer`) not in a slot, or -1.
-    auto first_missing = [&](const int16_t* ids, int32_t layer) -> int64_t {
+    auto first_missing = [&](const int16_t* ids, int32_t layer) -> int32_t {
         for (int i = 0; i < top && i < pred.top_k; ++i)
-            if (ids[i] >= 0 && !pool.has(int64_t(layer) * E + ids[i]))
-                return int64_t(layer) * E + ids[i];
+            if (ids[i] >= 0 && !resident(layer, ids[i])) return ids[i];
         return -1;
     };
+    Counts c;
     for (int64_t t = 0; t < trace.n_tokens; ++t) {
         const bool counted = t >= skip;
         if (counted) ++c.tokens;
@@ -116,46 +86,53 @@ Counts replay(const RoutingTrace& trace, const Predictions& pred, int64_t slots,
                 c.demand.push_back(0);
                 c.prefetched.push_back(0);
             }
+            // The layer's experts in slots are pinned first, so that none of its misses evicts
+            // another of its experts; then every expert is read in the trace's order.
             const uint16_t* ids = trace.ids_at(t, l);
-            kept.clear();
-            for (int i = 0; i < k; ++i) kept.push_back(int64_t(l) * E + ids[i]);
+            for (int i = 0; i < k; ++i)
+                if (resident(l, ids[i])) cache->prefetch(l, ids[i], true);
             for (int i = 0; i < k; ++i) {
-                const int64_t key = int64_t(l) * E + ids[i];
+                const int32_t e = ids[i];
+                const AccessResult r = cache->access(l, e);
                 if (counted) ++c.accesses;
-                if (pool.has(key)) {
-                    const int kind = pool.touch(key);
+                if (r.outcome == AccessResult::hit) {
+                    int& kind = unread[size_t(l) * size_t(E) + size_t(e)];
                     if (counted && kind >= 0) ++c.used[kind];
+                    kind = -1;
                 } else {
-                    if (counted) ++c.misses;
-                    if (pool.load(key, -1, kept_has) && counted) ++c.demand.back();
+                    note_load(r, -1, l, e);
+                    if (counted) {
+                        ++c.misses;
+                        ++c.demand.back();
+                    }
                 }
             }
-            if (l + 1 >= L || top == 0) continue;
-            if (counted) ++c.layers;
-            const int16_t* next = pred.at(t, l, 0);
-            for (int i = 0; i < top && i < pred.top_k; ++i)
-                if (next[i] >= 0) kept.push_back(int64_t(l + 1) * E + next[i]);
-            auto prefetch = [&](int64_t key, int kind) {
-                if (!pool.load(key, kind, kept_has)) return false;
-                if (counted) {
-                    ++c.loads[kind];
-                    ++c.prefetched.back();
+            if (l + 1 < L && top > 0) {
+                if (counted) ++c.layers;
+                const int16_t* next = pred.at(t, l, 0);
+                pin_resident(next, l + 1);
+                auto prefetch = [&](int32_t layer, int32_t e, int kind) {
+                    note_load(cache->prefetch(layer, e, true), kind, layer, e);
+                    if (counted) {
+                        ++c.loads[kind];
+                        ++c.prefetched.back();
+                    }
+                };
+                int made = 0;
+                for (int32_t e;
+                     (fills == 0 || made < fills) && (e = first_missing(next, l + 1)) >= 0; ++made)
+                    prefetch(l + 1, e, 0);
+                if (made == 0) {
+                    if (counted) ++c.next_empty;
+                    if (fallback && l + 2 < L && pred.depth >= 2) {
+                        const int16_t* after = pred.at(t, l, 1);
+                        pin_resident(after, l + 2);
+                        if (const int32_t e = first_missing(after, l + 2); e >= 0)
+                            prefetch(l + 2, e, 1);
+                    }
                 }
-                return true;
-            };
-            int made = 0;
-            while (fills == 0 || made < fills) {
-                const int64_t key = first_missing(next, l + 1);
-                if (key < 0 || !prefetch(key, 0)) break;
-                ++made;
             }
-            if (made > 0) continue;
-            if (counted) ++c.next_empty;
-            if (!fallback || l + 2 >= L || pred.depth < 2) continue;
-            const int16_t* after = pred.at(t, l, 1);
-            for (int i = 0; i < top && i < pred.top_k; ++i)
-                if (after[i] >= 0) kept.push_back(int64_t(l + 2) * E + after[i]);
-            if (const int64_t key = first_missing(after, l + 2); key >= 0) prefetch(key, 1);
+            cache->unpin_all();
         }
     }
     return c;
@@ -214,43 +191,33 @@ void print(const char* name, const Counts& c, double ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    double slots_d = 1008, skip_d = 32;
+    Timing m;
+    // Each option and the number it sets; the usage line shows the defaults.
+    const std::pair<const char*, double*> options[] = {
+        {"--slots", &slots_d},         {"--skip", &skip_d},
+        {"--copy-us", &m.copy_us},     {"--trip-us", &m.trip_us},
+        {"--attn-us", &m.attn_us},     {"--predict-us", &m.predict_us},
+        {"--moe-us", &m.moe_us},       {"--moe-tail-us", &m.moe_tail_us},
+        {"--before-us", &m.before_us}, {"--after-us", &m.after_us}};
     if (argc < 3) {
-        std::fprintf(stderr,
-                     "usage: prefetch_fallback_probe TRACE.npz PRED.npy [--slots 1008] [--skip 32] "
-                     "[--copy-us 164] [--trip-us 7] [--attn-us 40] [--predict-us 15] [--moe-us 37] "
-                     "[--moe-tail-us 20] [--before-us 60] [--after-us 125]\n");
+        std::fprintf(stderr, "usage: prefetch_fallback_probe TRACE.npz PRED.npy");
+        for (const auto& [name, value] : options) std::fprintf(stderr, " [%s %g]", name, *value);
+        std::fprintf(stderr, "\n");
         return 2;
     }
-    int64_t slots = 1008, skip = 32;
-    Timing m;
     for (int i = 3; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
-        const double v = std::atof(argv[i + 1]);
-        if (a == "--slots")
-            slots = int64_t(v);
-        else if (a == "--skip")
-            skip = int64_t(v);
-        else if (a == "--copy-us")
-            m.copy_us = v;
-        else if (a == "--trip-us")
-            m.trip_us = v;
-        else if (a == "--attn-us")
-            m.attn_us = v;
-        else if (a == "--predict-us")
-            m.predict_us = v;
-        else if (a == "--moe-us")
-            m.moe_us = v;
-        else if (a == "--moe-tail-us")
-            m.moe_tail_us = v;
-        else if (a == "--before-us")
-            m.before_us = v;
-        else if (a == "--after-us")
-            m.after_us = v;
-        else {
+        double* target = nullptr;
+        for (const auto& [name, value] : options)
+            if (a == name) target = value;
+        if (!target) {
             std::fprintf(stderr, "prefetch_fallback_probe: unknown option %s\n", a.c_str());
             return 2;
         }
+        *target = std::atof(argv[i + 1]);
     }
+    const int64_t slots = int64_t(slots_d), skip = int64_t(skip_d);
     try {
         const RoutingTrace trace = read_trace(argv[1]);
         const Predictions pred = read_predictions(argv[2], trace);
