@@ -793,7 +793,7 @@ TEST_CASE(
         for (const mgl::cuda::fusion_plan* plan : {&fs, &f}) {
             const mgl::alloc_plan placed = mgl::plan_allocation(g, 256, plan->also_reads);
             const mgl::buffer_ptr arena = host->alloc_buffer(placed.arena_bytes);
-            mgl::apply_plan(const_cast<mgl::graph&>(g), placed, *arena);
+            mgl::apply_plan(fg.g, placed, *arena);
             const mgl::cuda::launch_list launches = mgl::cuda::build_launches(g, *plan, no_rope);
             int moe = 0, early = 0;
             const mgl::cuda::launch_step* prev_main = nullptr;
