@@ -8,7 +8,7 @@
 #
 #   scripts/gpu_check.sh [--all-tests] [--kernels] [--full-size] [--fixtures] [--profile] [--quick]
 #                        [--fetch-compare] [--ncu] [--norm-out] [--ab VAR=VALUE ...] [--ab-hits]
-#                        [--ab-offload] [--hugepages-ab]
+#                        [--ab-offload] [--hugepages-ab] [--kernel-trace]
 #
 # --ab VAR=VALUE (repeatable) runs the demo model (GPU vs CPU) and the FP8 tg128 and pp512 once
 # more with that environment variable set: one binary A/Bs a switch on the whole model.
@@ -25,6 +25,10 @@
 # and with norm_out and router_route on (MINIDS_CUDA_FUSE; both off by default until measured).
 # --hugepages-ab converts the FP8 model once more and measures the 12 GiB plan's first load after
 # that conversion (and a second) with MINIDS_EXPERT_COPY_HUGEPAGES=0, beside the default's pair.
+# --kernel-trace traces the every-expert-a-hit pair with CUPTI (scripts/kernel_trace/: needs
+# $BIN/libminids_kernel_trace.so, which pack_gpu_binaries.sh packs when named) and writes where
+# the replayed decode step's time goes, resident against the 12 GiB cache, kernel by kernel, to
+# $OUT/kernel_trace_hits.md (tracing slows each kernel: compare the two, not against bench).
 # --ncu adds scripts/ncu_decode.sh: Nsight Compute's time of every kernel of one decode step
 # (table in $OUT/ncu_summary.txt, its top lines in the summary).
 #
@@ -40,7 +44,7 @@ mkdir -p "$OUT" "$WORK"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MINIDS_TEST_DATA="$PWD/tests/data" MINIDS_BINARY="$PWD/$BIN/minids"
 KERNELS=0 FULL=0 FIXTURES=0 QUICK=0 ALL_TESTS=0 PROFILE=0 FETCH_COMPARE=0 NCU=0 NORM_OUT=0
-AB_HITS=0 AB_OFFLOAD=0 HUGEPAGES_AB=0
+AB_HITS=0 AB_OFFLOAD=0 HUGEPAGES_AB=0 KERNEL_TRACE=0
 AB=()
 while [[ $# -gt 0 ]]; do
     a=$1
@@ -59,6 +63,7 @@ while [[ $# -gt 0 ]]; do
         --ncu) NCU=1 ;;
         --norm-out) NORM_OUT=1 ;;
         --hugepages-ab) HUGEPAGES_AB=1 ;;
+        --kernel-trace) KERNEL_TRACE=1 ;;
         *) echo "gpu_check: unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -151,6 +156,21 @@ every_hit() {
     local res=$(grep -E '\| tg128 ' "$OUT/bench_hits_resident$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
     local off=$(grep -E '\| tg128 ' "$OUT/bench_hits_12g$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
     say "every expert a hit (replayed sticky trace${ab:+, $ab}): resident tg128 ${res:-?}, 12 GiB cache tg128 ${off:-?} tok/s ($(awk "BEGIN { if (\"$res\" > 0) printf \"%.1f%% of resident\", 100 * \"$off\" / \"$res\" }"))"
+}
+
+# The every-expert-a-hit pair on model $1 traced by CUPTI (--kernel-trace): per kernel, the time
+# each adds to the replayed decode step, resident against the 12 GiB cache.
+kernel_trace_hits() {
+    local f=$1 lib="$PWD/$BIN/libminids_kernel_trace.so"
+    [[ -f $lib ]] || { say "kernel trace: $BIN/libminids_kernel_trace.so missing (pack it)"; return; }
+    local args=(bench -m "$f" -p 16 -n 64 -r 1 -o md --replay-routing "$WORK/sticky.npz")
+    MINIDS_KERNEL_TRACE="$WORK/trace_resident.txt" CUDA_INJECTION64_PATH="$lib" timeout 200 \
+        "$BIN/minids" "${args[@]}" > /dev/null 2> "$OUT/kernel_trace_resident.log"
+    MINIDS_KERNEL_TRACE="$WORK/trace_12g.txt" CUDA_INJECTION64_PATH="$lib" timeout 200 \
+        "$BIN/minids" "${args[@]}" --vram-budget 12GiB > /dev/null 2> "$OUT/kernel_trace_12g.log"
+    python3 scripts/kernel_trace/report.py "$WORK/trace_resident.txt" "$WORK/trace_12g.txt" \
+        > "$OUT/kernel_trace_hits.md" 2>&1
+    say "kernel trace, every expert a hit (traced, slower than bench): $(grep -E '^\| step ' "$OUT/kernel_trace_hits.md" | awk -F'|' '{print "replayed step resident / 12 GiB us " $5 "(" $6 ")"}')"
 }
 
 # "LABEL: process start to first token X s (first byte of the answer), to exit Y s"; $2 names the
@@ -309,6 +329,7 @@ bench_model() {  # $1 = expert dtype
         # --ab-hits the pair again under each --ab setting.
         "$BIN/minids" routing gen --preset v2-lite --stickiness 1 -n 4096 "$WORK/sticky.npz" > /dev/null 2>&1
         every_hit "$f" ""
+        [[ $KERNEL_TRACE == 1 ]] && kernel_trace_hits "$f"
         if [[ $AB_HITS == 1 ]]; then
             local i=0
             for ab in ${AB[@]+"${AB[@]}"}; do

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Where the time of a replayed graph goes, from kernel_trace.cpp's records.
+
+    report.py TRACE [TRACE_B] [--graph most|ID] [--nodes]
+
+The graph is the one replayed most often (the decode step), unless --graph names one. For each
+replay (its kernels share the graph launch's correlation id) the kernels are ordered by their end,
+and each kernel is charged the time from the previous kernel's end to its own: in a chain of
+dependent launches that is what the kernel adds to the step, whatever it overlapped. The report
+prints, per kernel name, launches per step, the median duration (first block's start to last
+block's end) and the median time charged per step; with a second trace, both side by side and
+the difference (B - A). --nodes prints every node of the median-length replay in order.
+Standard library only: it runs on the development machine and on the GPU machine alike.
+"""
+import argparse
+import collections
+import re
+import statistics
+import sys
+
+
+def short_name(name):
+    """The kernel's own name: for an Itanium-mangled name (CUPTI gives them so) the last component
+    of the nested name and its integer template arguments (gemv_stream_kernel<0,2,1,8,8>), else the
+    name without namespace, template arguments and parameters."""
+    if name.startswith("_ZN"):
+        i, last = 3, "?"
+        while i < len(name):
+            m = re.match(r"\d+", name[i:])
+            if m:
+                n = int(m.group(0))
+                i += len(m.group(0))
+                last = name[i:i + n]
+                i += n
+            elif name[i] in "IE":
+                break
+            else:
+                i += 1
+        args = re.findall(r"L[a-z](\d+)E", name[i:]) if i < len(name) and name[i] == "I" else []
+        return last + (f"<{','.join(args)}>" if args else "")
+    name = re.sub(r"\(.*$", "", name)
+    depth, out = 0, []
+    for ch in name:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    name = "".join(out).split("::")[-1].strip()
+    if name.startswith("void "):
+        name = name[5:]
+    return name or "?"
+
+
+def read_trace(path):
+    kernels, copies = [], []
+    with open(path) as f:
+        for line in f:
+            parts = line.split(" ", 10)
+            if parts[0] == "K" and len(parts) >= 11:
+                kernels.append({
+                    "start": int(parts[1]), "end": int(parts[2]), "graph": int(parts[3]),
+                    "node": int(parts[4]), "corr": int(parts[5]), "stream": int(parts[6]),
+                    "grid": (int(parts[7]), int(parts[8])), "name": short_name(parts[10].strip()),
+                })
+            elif parts[0] == "C":
+                copies.append({"start": int(parts[1]), "end": int(parts[2]), "bytes": int(parts[3])})
+    return kernels, copies
+
+
+def replays_of(kernels, graph):
+    by_launch = collections.defaultdict(list)
+    for k in kernels:
+        if k["graph"] != 0:
+            by_launch[(k["graph"], k["corr"])].append(k)
+    if graph == "most":
+        count = collections.Counter(g for g, _ in by_launch)
+        if not count:
+            sys.exit("report: no kernels launched from a graph in this trace")
+        graph = count.most_common(1)[0][0]
+    graph = int(graph)
+    replays = [sorted(ks, key=lambda k: k["end"]) for (g, _), ks in by_launch.items() if g == graph]
+    # A replay is complete when it has as many kernels as the fullest one.
+    most = max(len(r) for r in replays)
+    return graph, [r for r in replays if len(r) == most]
+
+
+def profile(replays):
+    """Per kernel name: launches per step, median duration, median time charged per step."""
+    charged = collections.defaultdict(list)
+    durations = collections.defaultdict(list)
+    count = collections.Counter()
+    spans = []
+    for r in replays:
+        t0 = min(k["start"] for k in r)
+        spans.append(r[-1]["end"] - t0)
+        prev_end = t0
+        per_name = collections.Counter()
+        for k in r:
+            per_name[k["name"]] += k["end"] - prev_end
+            prev_end = k["end"]
+            durations[k["name"]].append(k["end"] - k["start"])
+        for name, ns in per_name.items():
+            charged[name].append(ns)
+    first = replays[0]
+    for k in first:
+        count[k["name"]] += 1
+    rows = {}
+    for name in count:
+        rows[name] = (count[name], statistics.median(durations[name]) / 1e3,
+                      statistics.median(charged[name]) / 1e3)
+    return statistics.median(spans) / 1e3, rows
+
+
+def print_nodes(replays):
+    spans = sorted(replays, key=lambda r: r[-1]["end"] - min(k["start"] for k in r))
+    r = spans[len(spans) // 2]
+    t0 = min(k["start"] for k in r)
+    prev_end = t0
+    print("| # | kernel | grid | start us | end us | duration us | charged us |")
+    print("|---|---|---|---|---|---|---|")
+    for i, k in enumerate(r):
+        print(f"| {i} | {k['name']} | {k['grid'][0]}x{k['grid'][1]} | {(k['start'] - t0) / 1e3:.2f} | "
+              f"{(k['end'] - t0) / 1e3:.2f} | {(k['end'] - k['start']) / 1e3:.2f} | "
+              f"{(k['end'] - prev_end) / 1e3:.2f} |")
+        prev_end = k["end"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("trace_b", nargs="?")
+    ap.add_argument("--graph", default="most")
+    ap.add_argument("--nodes", action="store_true")
+    args = ap.parse_args()
+
+    results = []
+    for path in [args.trace] + ([args.trace_b] if args.trace_b else []):
+        kernels, copies = read_trace(path)
+        graph, replays = replays_of(kernels, args.graph)
+        if not replays:
+            sys.exit(f"report: no complete replay of graph {graph} in {path}")
+        span, rows = profile(replays)
+        print(f"{path}: graph {graph}, {len(replays)} replays of {len(replays[0])} kernels, "
+              f"median step {span:.1f} us; {len(copies)} copies")
+        if args.nodes:
+            print_nodes(replays)
+        results.append((span, rows))
+
+    names = sorted(set().union(*(rows.keys() for _, rows in results)),
+                   key=lambda n: -max(rows.get(n, (0, 0, 0))[2] for _, rows in results))
+    if len(results) == 1:
+        span, rows = results[0]
+        print("| kernel | per step | median us | charged us per step |")
+        print("|---|---|---|---|")
+        for n in names:
+            c, d, ch = rows[n]
+            print(f"| {n} | {c} | {d:.2f} | {ch:.1f} |")
+        print(f"| step | | | {span:.1f} |")
+    else:
+        (span_a, a), (span_b, b) = results
+        print("| kernel | per step A / B | median us A / B | charged us A / B | B - A |")
+        print("|---|---|---|---|---|")
+        z = (0, 0.0, 0.0)
+        for n in names:
+            ca, da, cha = a.get(n, z)
+            cb, db, chb = b.get(n, z)
+            print(f"| {n} | {ca} / {cb} | {da:.2f} / {db:.2f} | {cha:.1f} / {chb:.1f} | {chb - cha:+.1f} |")
+        print(f"| step | | | {span_a:.1f} / {span_b:.1f} | {span_b - span_a:+.1f} |")
+
+
+if __name__ == "__main__":
+    main()
