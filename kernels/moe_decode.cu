@@ -263,15 +263,19 @@ __device__ void gate_up_block(const DecodeArgs& a, int64_t t, const uint8_t* gat
 // fill of this step wrote, so that its copy may still be in flight. Uniform over the block (each
 // warp scans the fill log itself). Conservative: a slot filled earlier in the step for another
 // expert counts too. An id outside [0, E) or an expert read in place (its home) never waits.
+// The fill count is loaded beside the id, not after the table entry: in a step that has filled
+// nothing so far (every decode step whose experts all hit) the check then costs the block no
+// memory round trip of its own; with the count after the entry, every expert a hit ran ~1.3 %
+// slower than waiting for the fetch launch (perf.md, fifteenth session).
 __device__ bool reads_new_fill(const DecodeArgs& a, unsigned t, int j) {
-    const int32_t id = a.ids[t * a.k + j];
-    if (id < 0 || id >= a.n_experts) return false;
     const mgl::expert_fetch_header* h = a.fetch;
+    const int64_t n = h->n_fills;
+    const int32_t id = a.ids[t * a.k + j];
+    if (n == 0 || id < 0 || id >= a.n_experts) return false;
     const int64_t off = a.table[id] - h->slot_base;
     if (off < 0 || off >= h->n_slots * h->slot_stride) return false;
     const int32_t slot = int32_t(off / h->slot_stride);
     const auto* fills = reinterpret_cast<const int32_t*>(h->fill_log);
-    const int64_t n = h->n_fills;
     bool hit = false;
     for (int64_t f = threadIdx.x % 32; f < n; f += 32) hit = hit || fills[2 * f + 1] == slot;
     return __any_sync(0xffffffffu, hit);
