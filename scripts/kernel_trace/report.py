@@ -10,9 +10,14 @@ dependent launches that is what the kernel adds to the step, whatever it overlap
 prints, per kernel name, launches per step, the median duration (first block's start to last
 block's end) and the median time charged per step; with a second trace, both side by side and
 the difference (B - A). --nodes prints every node of the median-length replay in order.
+--link-gaps (an expert cache's trace) splits the time the host link idles within each replay
+(between the expert copies, those of at least 1 MiB) into the kernels that ended during each gap
+of 20 us or more, charged as above, and the rest (from the last such kernel's end to the next
+copy's start: the request's trip to the host's proxy and the copy's start).
 Standard library only: it runs on the development machine and on the GPU machine alike.
 """
 import argparse
+import bisect
 import collections
 import re
 import statistics
@@ -65,7 +70,8 @@ def read_trace(path):
                     "grid": (int(parts[7]), int(parts[8])), "name": short_name(parts[10].strip()),
                 })
             elif parts[0] == "C":
-                copies.append({"start": int(parts[1]), "end": int(parts[2]), "bytes": int(parts[3])})
+                copies.append({"start": int(parts[1]), "end": int(parts[2]), "bytes": int(parts[3]),
+                               "kind": int(parts[5])})
     return kernels, copies
 
 
@@ -127,12 +133,58 @@ def print_nodes(replays):
         prev_end = k["end"]
 
 
+def link_gaps(replays, copies, min_gap_ns=20_000):
+    """Per replay: idle before its first expert copy, and within it, split by kernel."""
+    big = sorted((c for c in copies if c["kind"] == 1 and c["bytes"] >= 1 << 20),
+                 key=lambda c: c["start"])
+    starts = [c["start"] for c in big]
+    before, within, n_gaps, n_copies = [], [], [], []
+    charged = collections.Counter()
+    for r in replays:
+        t0 = min(k["start"] for k in r)
+        t1 = r[-1]["end"]
+        lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
+        cs = big[lo:hi]
+        if not cs:
+            continue
+        n_copies.append(len(cs))
+        before.append(cs[0]["start"] - t0)
+        idle, gaps = 0, 0
+        for a, b in zip(cs, cs[1:]):
+            g0, g1 = a["end"], b["start"]
+            if g1 - g0 < min_gap_ns:
+                continue
+            gaps += 1
+            idle += g1 - g0
+            prev = g0
+            for k in r:
+                if g0 < k["end"] <= g1:
+                    charged[k["name"]] += k["end"] - max(prev, g0)
+                    prev = k["end"]
+            charged["(to the next copy's start)"] += g1 - prev
+        within.append(idle)
+        n_gaps.append(gaps)
+    n = len(within)
+    if not n:
+        print("no expert copies inside the replays")
+        return
+    print(f"{n} replays with expert copies: {statistics.mean(n_copies):.1f} copies per step; idle "
+          f"before the first copy {statistics.mean(before) / 1e3:.1f} us (median "
+          f"{statistics.median(before) / 1e3:.1f}); within the step {statistics.mean(within) / 1e3:.1f} us "
+          f"per step in {statistics.mean(n_gaps):.1f} gaps of {min_gap_ns / 1e3:.0f} us or more")
+    print("| within a step's gaps: kernel | us per step |")
+    print("|---|---|")
+    for name, ns in charged.most_common():
+        print(f"| {name} | {ns / n / 1e3:.1f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("trace_b", nargs="?")
     ap.add_argument("--graph", default="most")
     ap.add_argument("--nodes", action="store_true")
+    ap.add_argument("--link-gaps", action="store_true")
     args = ap.parse_args()
 
     results = []
@@ -146,6 +198,8 @@ def main():
               f"median step {span:.1f} us; {len(copies)} copies")
         if args.nodes:
             print_nodes(replays)
+        if args.link_gaps:
+            link_gaps(replays, copies)
         results.append((span, rows))
 
     names = sorted(set().union(*(rows.keys() for _, rows in results)),
