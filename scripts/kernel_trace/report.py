@@ -66,8 +66,8 @@ def read_trace(path):
             if parts[0] == "K" and len(parts) >= 11:
                 kernels.append({
                     "start": int(parts[1]), "end": int(parts[2]), "graph": int(parts[3]),
-                    "node": int(parts[4]), "corr": int(parts[5]), "stream": int(parts[6]),
-                    "grid": (int(parts[7]), int(parts[8])), "name": short_name(parts[10].strip()),
+                    "corr": int(parts[5]), "grid": (int(parts[7]), int(parts[8])),
+                    "name": short_name(parts[10].strip()),
                 })
             elif parts[0] == "C":
                 copies.append({"start": int(parts[1]), "end": int(parts[2]), "bytes": int(parts[3]),
@@ -92,6 +92,10 @@ def replays_of(kernels, graph):
     return graph, [r for r in replays if len(r) == most]
 
 
+def step_start(replay):
+    return min(k["start"] for k in replay)
+
+
 def profile(replays):
     """Per kernel name: launches per step, median duration, median time charged per step."""
     charged = collections.defaultdict(list)
@@ -99,7 +103,7 @@ def profile(replays):
     count = collections.Counter()
     spans = []
     for r in replays:
-        t0 = min(k["start"] for k in r)
+        t0 = step_start(r)
         spans.append(r[-1]["end"] - t0)
         prev_end = t0
         per_name = collections.Counter()
@@ -120,9 +124,9 @@ def profile(replays):
 
 
 def print_nodes(replays):
-    spans = sorted(replays, key=lambda r: r[-1]["end"] - min(k["start"] for k in r))
+    spans = sorted(replays, key=lambda r: r[-1]["end"] - step_start(r))
     r = spans[len(spans) // 2]
-    t0 = min(k["start"] for k in r)
+    t0 = step_start(r)
     prev_end = t0
     print("| # | kernel | grid | start us | end us | duration us | charged us |")
     print("|---|---|---|---|---|---|---|")
@@ -141,7 +145,7 @@ def link_gaps(replays, copies, min_gap_ns=20_000):
     before, within, n_gaps, n_copies = [], [], [], []
     charged = collections.Counter()
     for r in replays:
-        t0 = min(k["start"] for k in r)
+        t0 = step_start(r)
         t1 = r[-1]["end"]
         lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
         cs = big[lo:hi]
