@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the time of a replayed graph goes, from kernel_trace.cpp's records.
 
-    report.py TRACE [TRACE_B] [--graph most|ID] [--nodes]
+    report.py TRACE [TRACE_B] [--graph most|ID] [--nodes] [--link-gaps]
+    report.py TRACE --eager
 
 The graph is the one replayed most often (the decode step), unless --graph names one. For each
 replay (its kernels share the graph launch's correlation id) the kernels are ordered by their end,
@@ -14,6 +15,7 @@ the difference (B - A). --nodes prints every node of the median-length replay in
 (between the expert copies, those of at least 1 MiB) into the kernels that ended during each gap
 of 20 us or more, charged as above, and the rest (from the last such kernel's end to the next
 copy's start: the request's trip to the host's proxy and the copy's start).
+--eager sums the kernels launched outside graphs (prompt chunks) by name instead.
 Standard library only: it runs on the development machine and on the GPU machine alike.
 """
 import argparse
@@ -182,6 +184,29 @@ def link_gaps(replays, copies, min_gap_ns=20_000):
         print(f"| {name} | {ns / n / 1e3:.1f} |")
 
 
+def eager_summary(kernels):
+    """Kernels launched outside graphs (prompt chunks, warm-up steps): per name, launches, summed
+    duration, and the summed time charged as in a replay, counting only busy time (from the later
+    of the previous kernel's end and the kernel's own start, so host idle is nobody's)."""
+    eager = sorted((k for k in kernels if k["graph"] == 0), key=lambda k: k["end"])
+    if not eager:
+        sys.exit("report: no kernels outside graphs")
+    rows = collections.defaultdict(lambda: [0, 0, 0])
+    prev_end = eager[0]["start"]
+    for k in eager:
+        r = rows[k["name"]]
+        r[0] += 1
+        r[1] += k["end"] - k["start"]
+        r[2] += max(0, k["end"] - max(prev_end, k["start"]))
+        prev_end = max(prev_end, k["end"])
+    busy = sum(r[2] for r in rows.values())
+    print(f"eager kernels: {len(eager)}, busy {busy / 1e6:.2f} ms")
+    print("| kernel | launches | duration ms | charged ms |")
+    print("|---|---|---|---|")
+    for name, r in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+        print(f"| {name} | {r[0]} | {r[1] / 1e6:.2f} | {r[2] / 1e6:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
@@ -189,7 +214,11 @@ def main():
     ap.add_argument("--graph", default="most")
     ap.add_argument("--nodes", action="store_true")
     ap.add_argument("--link-gaps", action="store_true")
+    ap.add_argument("--eager", action="store_true")
     args = ap.parse_args()
+    if args.eager:
+        eager_summary(read_trace(args.trace)[0])
+        return
 
     results = []
     for path in [args.trace] + ([args.trace_b] if args.trace_b else []):
