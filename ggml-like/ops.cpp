@@ -289,6 +289,29 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
     return t;
 }
 
+tensor* expert_prompt_stage(context& c, tensor* table, tensor* ids, tensor* state,
+                            std::shared_ptr<const expert_layout> layout, tensor* buffers,
+                            int64_t capacity) {
+    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
+              "expert_prompt_stage: table must be a contiguous i64 vector of blob addresses");
+    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
+              "expert_prompt_stage: ids must be contiguous i32 [T, k]");
+    MGL_CHECK(state && state->type == dtype::i64 && state->is_contiguous() &&
+                  nbytes(*state) >= sizeof(expert_fetch_header),
+              "expert_prompt_stage: state must be a contiguous i64 tensor holding an "
+              "expert_fetch_header");
+    MGL_CHECK(layout && layout->blob_bytes > 0, "expert_prompt_stage: needs the experts' layout");
+    MGL_CHECK(capacity > 0 && buffers && buffers->type == dtype::i64 && buffers->is_contiguous() &&
+                  buffers->nelements() >= capacity + 1,
+              "expert_prompt_stage: buffers must be a contiguous i64 tensor of a count and " +
+                  std::to_string(capacity) + " addresses");
+    tensor* t = c.new_node(op::expert_prompt_stage, dtype::i64, dims_of(*table));
+    t->src = {table, ids, state, buffers};
+    t->iparams[0] = capacity;
+    t->experts = std::move(layout);
+    return t;
+}
+
 tensor* expert_prefetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                         std::shared_ptr<const expert_layout> layout, tensor* protect,
                         int protect_layer, tensor* after, int max_fills) {

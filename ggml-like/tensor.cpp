@@ -105,6 +105,8 @@ const char* op_name(op o) {
             return "concat";
         case op::expert_fetch:
             return "expert_fetch";
+        case op::expert_prompt_stage:
+            return "expert_prompt_stage";
         case op::count:
             break;
     }

@@ -67,6 +67,21 @@ struct ExpertFetchParams {
 
 // Plans and copies; throws mgl::error on parameters out of range or with a stage (whose host
 // copies must run between the two: expert_fetch_plan, then the host, then expert_fetch_copy).
+// mgl::expert_prompt_stage (kernels/expert_prompt_stage.cu): a prompt chunk's misses copied into
+// lent buffers and a table that points at them.
+struct ExpertPromptStageParams {
+    const mgl::expert_fetch_header* state = nullptr;  // device memory: the slots' range
+    const int64_t* table = nullptr;                   // [n_experts]
+    int64_t* out = nullptr;                           // [n_experts]
+    const int32_t* ids = nullptr;                     // [n_ids] (T · k)
+    int64_t n_ids = 0;
+    int32_t n_experts = 0;             // at most 1024
+    const int64_t* buffers = nullptr;  // [1 + capacity]: how many are lent, then their addresses
+    int64_t capacity = 0, blob_bytes = 0;
+    bool pdl = false;
+};
+void expert_prompt_stage(const ExpertPromptStageParams& p, cudaStream_t stream);
+
 void expert_fetch(const ExpertFetchParams& p, cudaStream_t stream);
 // The plan alone (the routing's fallback when it cannot plan in its own launch).
 void expert_fetch_plan(const ExpertFetchParams& p, cudaStream_t stream);

@@ -161,6 +161,8 @@ private:
                 return cpu::run_concat(ex, n);
             case op::expert_fetch:
                 return cpu::run_expert_fetch(ex, n);
+            case op::expert_prompt_stage:
+                return cpu::run_expert_prompt_stage(ex, n);
             case op::count:
                 break;
         }

@@ -28,6 +28,7 @@ void run_moe_topk(exec_context& ex, tensor& node);
 void run_moe_weights(exec_context& ex, tensor& node);
 void run_moe_experts(exec_context& ex, tensor& node);
 void run_expert_fetch(exec_context& ex, tensor& node);
+void run_expert_prompt_stage(exec_context& ex, tensor& node);
 void run_kv_store(exec_context& ex, tensor& node);
 void run_mla_attn(exec_context& ex, tensor& node);
 void run_cpy(exec_context& ex, tensor& node);

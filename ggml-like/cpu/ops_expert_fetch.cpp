@@ -1,6 +1,7 @@
 // expert_fetch on the CPU: the expert cache's device fetch with host memory for "device" memory,
 // so the CPU tests run the same bookkeeping the CUDA kernels do (kernels/expert_fetch.cu) and
 // routing::simulate_device_fetch predicts.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -133,6 +134,33 @@ void run_expert_fetch(exec_context&, tensor& node) {
         const void* src = stage ? expert_stage_buffer(stage, f - h->layer_fills)
                                 : reinterpret_cast<const void*>(homes[key]);
         std::memcpy(dst, src, size_t(h->blob_bytes));
+    }
+}
+
+void run_expert_prompt_stage(exec_context&, tensor& node) {
+    const auto* h = static_cast<const expert_fetch_header*>(node.src[2]->data);
+    const auto* table = static_cast<const int64_t*>(node.src[0]->data);
+    const auto* ids = static_cast<const int32_t*>(node.src[1]->data);
+    auto* out = static_cast<int64_t*>(node.data);
+    const auto* buffers = static_cast<const int64_t*>(node.src[3]->data);
+    const int64_t E = node.src[0]->shape[0];
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(buffers[0], node.iparams[0]));
+    std::vector<char> used(size_t(E), 0);
+    for (int64_t i = 0; i < node.src[1]->nelements(); ++i) {
+        MGL_CHECK(ids[i] >= 0 && ids[i] < E, "expert_prompt_stage: expert id " +
+                                                 std::to_string(ids[i]) + " outside [0, " +
+                                                 std::to_string(E) + ")");
+        used[size_t(ids[i])] = 1;
+    }
+    const int64_t slots_end = h->slot_base + h->n_slots * h->slot_stride;
+    for (int64_t e = 0, staged = 0; e < E; ++e) {
+        out[e] = table[e];
+        const bool in_slot = table[e] >= h->slot_base && table[e] < slots_end;
+        if (!used[size_t(e)] || in_slot || staged == n) continue;
+        const int64_t dst = buffers[1 + staged++];
+        std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(table[e]),
+                    size_t(node.experts->blob_bytes));
+        out[e] = dst;
     }
 }
 

@@ -325,6 +325,23 @@ void CUDART_CB serve_expert_stage(void* stage) {
     }
 }
 
+// The prompt stage: one launch that finds the layer's misses, copies them into the lent buffers
+// and writes the table that points at them.
+launch_step expert_prompt_stage_step(const tensor& n) {
+    kn::ExpertPromptStageParams p;
+    p.state = static_cast<const expert_fetch_header*>(n.src[2]->data);
+    p.table = static_cast<const int64_t*>(n.src[0]->data);
+    p.out = static_cast<int64_t*>(n.data);
+    p.ids = static_cast<const int32_t*>(n.src[1]->data);
+    p.n_ids = n.src[1]->nelements();
+    p.n_experts = int32_t(n.src[0]->shape[0]);
+    p.buffers = static_cast<const int64_t*>(n.src[3]->data);
+    p.capacity = n.iparams[0];
+    p.blob_bytes = int64_t(n.experts->blob_bytes);
+    return {"expert_prompt_stage", &n,
+            [p](const exec_env& env) { kn::expert_prompt_stage(with_pdl(p, env), env.stream); }};
+}
+
 // A fetch being captured into a graph may post its copies to the host's proxy (a prefetch's, or
 // any with the header's proxy_demand: kernels::ExpertFetchParams::proxy); run eagerly, it copies
 // them itself.
@@ -799,6 +816,11 @@ std::string cuda_unsupported_reason(const tensor& n) {
                 return "protected ids must be contiguous [T, k]";
             if (n.src[0]->shape[0] > 1024) return "more than 1024 experts";
             return "";
+        case op::expert_prompt_stage:
+            if (!contiguous_matrix(n.src[1], dtype::i32)) return "ids must be contiguous [T, k]";
+            if (n.src[0]->shape[0] > 1024) return "more than 1024 experts";
+            if (n.iparams[0] > 65535) return "more than 65535 buffers";
+            return "";
         case op::kv_store:
             if (!cache_type_ok(n.src[0]->type)) return "pages must be f32, bf16 or f16";
             if (!n.src[0]->is_contiguous() || !positions_ok(n.src[1]) || !positions_ok(n.src[4]))
@@ -891,6 +913,9 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 break;
             case op::expert_fetch:
                 out.steps.push_back(expert_fetch_step(*n, f.fetch_planned.count(n) != 0, f));
+                break;
+            case op::expert_prompt_stage:
+                out.steps.push_back(expert_prompt_stage_step(*n));
                 break;
             case op::mla_attn:
                 out.steps.push_back(mla_attn_step(*n, scratch));
