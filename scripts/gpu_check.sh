@@ -301,6 +301,15 @@ bench_model() {  # $1 = expert dtype
         MINIDS_EXPERT_STORE=staging timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 64 -r 1 -o md \
             --vram-budget 12GiB > "$OUT/bench_offload_12g_staging.md" 2> "$OUT/bench_offload_12g_staging.log"
         say "offload 12GiB, staging store: rc=$?"
+        # The prompt stage (--expert-prompt-stage, default a layer's experts) against none, pp512
+        # at 12 GiB, alternated processes.
+        local stage_pp=""
+        for stage in 0 auto 0 auto; do
+            stage_pp+=" $stage $(timeout 120 "$BIN/minids" bench -m "$f" -p 512 -n 0 -r 3 -o md \
+                --vram-budget 12GiB --expert-prompt-stage $stage 2>/dev/null |
+                grep -E '\| pp512 ' | awk -F'|' '{print $9}' | awk '{print $1}');"
+        done
+        say "offload 12GiB, prompt stage: pp512 tok/s by --expert-prompt-stage:$stage_pp"
         if [[ $FETCH_COMPARE == 1 ]]; then
             timeout 300 "$BIN/minids" bench -m "$f" -p 512 -n 128 -r 2 -o md --vram-budget 12GiB \
                 --expert-cache-copy-stream --expert-cache-admit frequency \

@@ -266,6 +266,96 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
         }
 }
 
+TEST_CASE("expert offload, prompt stage: a prompt's misses staged in lent slots change nothing") {
+    // mgl::expert_prompt_stage after each MoE layer's fetch in a prompt chunk (12 tokens x top-4
+    // >= 32 experts): the misses the fetch left home are copied into slots the cache lends the
+    // chunk, and the experts read them there. The logits must stay the model's without a cache,
+    // bit for bit; the cache's decisions must be those without the stage (the policy never
+    // sees the loan); and after every step each entry must point home or at a slot holding its
+    // expert's bytes (lent slots get theirs back). The prompt runs cold (free slots: nothing is
+    // lent, the chunk fills them) and again warm (the pool full: the policy's lowest-ranked
+    // slots lent, their experts copied back after the chunk). Before that chunk's replay, the
+    // first lent slot must hold one of the last MoE layer's experts.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel cached = open_test_model(path);
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 8);
+    const auto& [ref_prompt, tokens, ref_steps] = ref;
+    const uint64_t blob_bytes = cached.model->weights().expert_tables().at(0).blob_bytes;
+    const int32_t last = int32_t(cached.model->moe_layers().size()) - 1;
+    for (const auto& [slots, capacity] : {std::pair{int64_t(8), int64_t(3)},
+                                          {int64_t(12), int64_t(12)},
+                                          {int64_t(40), int64_t(32)}}) {
+        CAPTURE(slots);
+        CAPTURE(capacity);
+        routing::CacheConfig cfg;
+        cfg.n_slots = slots;
+        OffloadStats without;
+        for (const bool staged : {false, true}) {
+            CAPTURE(staged);
+            ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+            offload.set_prompt_stage(staged ? capacity : 0);
+            CHECK(offload.prompt_stage() == (staged ? capacity : 0));
+            Session s(*cached.model, *cached.backend, SessionParams{});
+            offload.attach(s);
+            int prompts_seen = 0, found_in_lent = 0;
+            s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                if (!offload.lent_slots().empty()) {
+                    ++prompts_seen;
+                    const auto* lent = reinterpret_cast<const uint8_t*>(
+                        offload.slot_address(offload.lent_slots().front()));
+                    int found = 0;
+                    for (int32_t e = 0; e < 32; ++e)
+                        found += std::memcmp(lent, offload.blob(last, e), blob_bytes) == 0;
+                    found_in_lent += found == 1;
+                }
+                offload.after_step(r);
+                CHECK(offload.lent_slots().empty());
+                check_tables(offload, *cached.model);
+            });
+            for (int round = 0; round < 2; ++round) {
+                CAPTURE(round);
+                s.truncate(0);
+                CHECK(s.eval(offload_test_prompt, true) == ref_prompt);
+                bool all_equal = true;
+                for (size_t i = 0; i < tokens.size(); ++i) {
+                    const int32_t one[1] = {tokens[i]};
+                    all_equal = all_equal && s.eval(one) == ref_steps[i];
+                }
+                CHECK(all_equal);
+            }
+            const OffloadStats& st = offload.stats();
+            if (!staged) {
+                without = st;
+                CHECK(st.reads_in_place > 0);  // the prompts left misses home for the stage
+                CHECK(st.stage_restores == 0);
+            } else {
+                CHECK(prompts_seen == 1);
+                CHECK(found_in_lent == 1);
+                CHECK(st.hits == without.hits);
+                CHECK(st.fills == without.fills);
+                CHECK(st.reads_in_place == without.reads_in_place);
+                // The second prompt found the pool full: the lent slots' experts came back.
+                CHECK(st.stage_restores == capacity);
+                CHECK(st.bytes_restored == uint64_t(st.stage_restores) * blob_bytes);
+            }
+        }
+    }
+}
+
+TEST_CASE("expert offload, prompt stage: refused where it cannot run") {
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel m = open_test_model(path);
+    routing::CacheConfig cfg;
+    cfg.n_slots = 8;
+    ExpertOffload host_fetch(*m.model, *m.backend, cfg);  // no device fetch
+    CHECK_THROWS_AS(host_fetch.set_prompt_stage(4), std::invalid_argument);
+    host_fetch.set_prompt_stage(0);  // off is always fine
+    ExpertOffload device(*m.model, *m.backend, cfg, nullptr, true);
+    CHECK_THROWS_AS(device.set_prompt_stage(9), std::invalid_argument);  // past the pool's 8
+    CHECK_THROWS_AS(device.set_prompt_stage(-1), std::invalid_argument);
+}
+
 TEST_CASE("expert offload, prefetch: predicted experts filled a layer early change nothing") {
     // Each decode step's MoE layers but the last also fill up to N of the next layer's experts
     // as its router predicts them from this layer's input (mgl::expert_prefetch); the logits

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -163,19 +164,51 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
             routing::CacheConfig cfg;
             cfg.policy = policy;
             cfg.n_slots = slots;
-            std::vector<std::vector<float>> logits_of[2];
-            OffloadStats stats_of[2];
-            for (const bool fused : {false, true}) {
-                CAPTURE(fused);
+            // Variants: 0 as is, 1 the route_fetch fusion, 2 and 3 the prompt stage lending the
+            // whole pool (up to a layer's 32 experts) and 3 slots (the other misses read in
+            // place). Each runs the prompt, the decode, and the prompt again: the second finds
+            // the pool full, so with the stage it is lent slots whose experts come back after.
+            std::vector<std::vector<float>> logits_of[4];
+            OffloadStats stats_of[4];
+            for (const int variant : {0, 1, 2, 3}) {
+                CAPTURE(variant);
+                const bool fused = variant == 1;
+                const int64_t stage = variant == 2   ? std::min<int64_t>(slots, 32)
+                                      : variant == 3 ? 3
+                                                     : 0;
                 TestModel& m = fused ? offloaded_fused : offloaded;
                 ExpertOffload offload(*m.model, *m.backend, cfg, nullptr, true);
                 offload.set_victims_after_launch(fused);
+                offload.set_prompt_stage(stage);
                 Session s(*m.model, *m.backend, sp);
                 offload.attach(s);
                 routing::RoutingTrace trace = empty_trace(*m.model);
                 record_routing(s, trace);
-                check_tables_after_each_step(s, offload, *m.model, *m.backend, read);
-                std::vector<std::vector<float>>& logits = logits_of[fused ? 1 : 0];
+                // As check_tables_after_each_step, and before the replay of a chunk that was lent
+                // slots: the first holds one of the last MoE layer's experts (its stage's copy).
+                const uint64_t blob_bytes = m.model->weights().expert_tables().at(0).blob_bytes;
+                const int32_t last = int32_t(m.model->moe_layers().size()) - 1;
+                int lent_chunks = 0, lent_found = 0;
+                s.set_expert_cache_hook([&](const RoutingRecord& r) {
+                    if (!offload.lent_slots().empty()) {
+                        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+                        std::vector<uint8_t> bytes(blob_bytes);
+                        read(bytes.data(),
+                             reinterpret_cast<const void*>(
+                                 offload.slot_address(offload.lent_slots().front())),
+                             blob_bytes);
+                        int found = 0;
+                        for (int32_t e = 0; e < 32; ++e)
+                            found +=
+                                std::memcmp(bytes.data(), offload.blob(last, e), blob_bytes) == 0;
+                        ++lent_chunks;
+                        lent_found += found == 1;
+                    }
+                    offload.after_step(r);
+                    m.backend->synchronize();
+                    check_tables(offload, *m.model, read);
+                });
+                std::vector<std::vector<float>>& logits = logits_of[variant];
                 logits.push_back(s.eval(prompt, true));
                 double worst = worst_diff(logits.back(), ref_prompt);
                 for (int64_t i = 0; i < n_decode; ++i) {
@@ -183,16 +216,25 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                     logits.push_back(s.eval(one));
                     worst = std::max(worst, worst_diff(logits.back(), ref_steps[size_t(i)]));
                 }
+                s.truncate(0);
+                logits.push_back(s.eval(prompt, true));
+                worst = std::max(worst, worst_diff(logits.back(), ref_prompt));
+                const bool lends = stage > 0 && ubatch == 512;
+                CHECK(lent_chunks == (lends ? 1 : 0));
+                CHECK(lent_found == lent_chunks);
+                CHECK(offload.stats().stage_restores == (lends ? stage : 0));
                 const OffloadStats& st = offload.stats();
-                stats_of[fused ? 1 : 0] = st;
+                stats_of[variant] = st;
                 // The plan kernel made the decisions the simulator's model of the rules makes.
                 const routing::SimResult sim = routing::simulate_device_fetch(trace, cfg);
                 CHECK(st.hits == sim.hits);
                 CHECK(st.fills == sim.fills);
                 MESSAGE("CUDA expert offload, device fetch"
-                        << std::string(fused ? " (route_fetch)" : "") << ", prompt chunks of "
-                        << ubatch << ", " << std::string(routing::policy_name(policy)) << " "
-                        << slots << " of 160 slots: worst "
+                        << std::string(fused ? " (route_fetch)" : "")
+                        << (stage ? ", prompt stage " + std::to_string(stage) : std::string())
+                        << ", prompt chunks of " << ubatch << ", "
+                        << std::string(routing::policy_name(policy)) << " " << slots
+                        << " of 160 slots: worst "
                         << "max|diff|/max|logit| " << worst << "; " << st.hits << " hits of "
                         << st.accesses << ", " << st.fills << " fills, " << st.reads_in_place
                         << " reads in place, " << double(st.fetch_ns) / 1e6
@@ -204,7 +246,14 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 CHECK(st.fetch_ns > 0);
                 CHECK(st.fetch_ns < uint64_t(60e9));
             }
-            // route_fetch changes where the plan runs, not what it decides.
+            // route_fetch changes where the plan runs, not what it decides; the prompt stage
+            // where the prompt's kernels read their misses, not the bytes they read.
+            CHECK(logits_of[2] == logits_of[0]);
+            CHECK(logits_of[3] == logits_of[0]);
+            for (const int v : {2, 3}) {
+                CHECK(stats_of[v].fills == stats_of[0].fills);
+                CHECK(stats_of[v].reads_in_place == stats_of[0].reads_in_place);
+            }
             CHECK(logits_of[1] == logits_of[0]);
             CHECK(stats_of[1].hits == stats_of[0].hits);
             CHECK(stats_of[1].fills == stats_of[0].fills);

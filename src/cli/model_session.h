@@ -50,6 +50,7 @@ struct ModelFlags {
     std::string expert_cache_fetch = "auto";    // --expert-cache-fetch auto|host|device
     int expert_prefetch = -1;                   // --expert-prefetch N, or auto (-1)
     int expert_prefetch_fills = -1;             // --expert-prefetch-fills N, or auto (-1)
+    int expert_prompt_stage = -1;               // --expert-prompt-stage N, or auto (-1)
     bool expert_cache_requested() const { return !vram_budget.empty() || expert_cache_slots >= 0; }
 };
 

@@ -83,6 +83,29 @@ void ExpertOffload::attach(Session& session) {
                                           [this](int64_t n) { return queue_fill_log(n); })
                                     : nullptr,
                              prefetch_, prefetch_fills_);
+    session.set_expert_prompt_stage(lend_, prompt_stage_capacity_);
+}
+
+void ExpertOffload::set_prompt_stage(int64_t capacity) {
+    if (capacity < 0 || capacity > config_.n_experts || capacity > config_.n_slots)
+        throw std::invalid_argument(
+            "--expert-prompt-stage: expected 0 to " +
+            std::to_string(std::min<int64_t>(config_.n_experts, config_.n_slots)) +
+            " slots (a layer's experts, at most the pool's), found " + std::to_string(capacity));
+    if (capacity > 0 && (!state_ || staging_))
+        throw std::invalid_argument(
+            "--expert-prompt-stage: the prompt stage needs the device fetch (--expert-cache-fetch "
+            "device) and a host store the GPU reads (not the staging store)");
+    restore_lent_slots();
+    lend_ = nullptr;
+    lend_buf_.reset();
+    prompt_stage_capacity_ = capacity;
+    if (capacity == 0) return;
+    lend_buf_ = backend_.alloc_buffer(size_t(1 + capacity) * sizeof(int64_t));
+    lend_ = state_ctx_.new_tensor(mgl::dtype::i64, {1 + capacity}, "expert_prompt_stage_slots");
+    mgl::bind(*lend_, *lend_buf_, 0);
+    const int64_t none = 0;  // nothing lent until a prompt chunk's before_step
+    backend_.copy_to_backend(lend_buf_->base(), &none, sizeof none);
 }
 
 void ExpertOffload::set_prefetch(int32_t n, bool copy_engines, bool fills_by_engines) {
@@ -249,7 +272,10 @@ void ExpertOffload::after_step(const RoutingRecord& r) {
                                     std::to_string(r.ids.size()) + " ids for " + std::to_string(L) +
                                     " layers x " + std::to_string(T) + " tokens x " +
                                     std::to_string(k));
-    if (state_) return stash_replay(r);
+    if (state_) {
+        restore_lent_slots();  // the replay then finds their experts in their slots, as lent
+        return stash_replay(r);
+    }
     // What the kernels read in place: the experts used whose entry pointed home as the step
     // began (the shadow still holds the tables as the step saw them).
     std::vector<char> used(size_t(L) * size_t(E), 0);

@@ -67,10 +67,15 @@ struct OffloadStats {
     // bytes are in fills and bytes_filled too.
     int64_t prefetches = 0;
     int64_t prefetch_used = 0;
+    // Prompt stage: experts copied back into the slots lent to a prompt chunk (their bytes
+    // crossed the link again; not fills: the policy never saw them leave).
+    int64_t stage_restores = 0;
+    uint64_t bytes_restored = 0;
     int64_t prefetch_wasted() const { return prefetches - prefetch_used; }
     double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
-    // Bytes over the host link: fills and reads in place.
-    uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place; }
+    // Bytes over the host link: fills, reads in place (the prompt stage's copies among them)
+    // and the lent slots' experts copied back.
+    uint64_t bytes_over_link() const { return bytes_filled + bytes_read_in_place + bytes_restored; }
     // What happened between `earlier` and these counters.
     OffloadStats since(const OffloadStats& earlier) const {
         return {steps - earlier.steps,
@@ -84,7 +89,9 @@ struct OffloadStats {
                 host_ns - earlier.host_ns,
                 host_beside_ns - earlier.host_beside_ns,
                 prefetches - earlier.prefetches,
-                prefetch_used - earlier.prefetch_used};
+                prefetch_used - earlier.prefetch_used,
+                stage_restores - earlier.stage_restores,
+                bytes_restored - earlier.bytes_restored};
     }
 };
 
@@ -124,6 +131,18 @@ public:
     // replayed decode step, the layers' own included, is copied by the copy engines through the
     // proxy.
     void set_prefetch(int32_t n, bool copy_engines = false, bool fills_by_engines = false);
+    // Prompt stage (device fetch, a host store the GPU reads; docs/expert-cache.md, "Prefill"):
+    // before each prompt chunk, up to `capacity` slots are lent to it (the free ones first,
+    // else the policy's lowest ranked, whose experts' entries point home for the chunk and whose
+    // bytes are copied back after it), and each MoE layer copies the experts it uses that are
+    // not in slots into them (mgl::expert_prompt_stage) instead of the grouped kernels reading
+    // them in place. The policy never sees it. 0 turns it off. For the session attach() sets up
+    // next.
+    void set_prompt_stage(int64_t capacity);
+    int64_t prompt_stage() const { return prompt_stage_capacity_; }
+    // The slots lent to the prompt chunk being run (empty between steps: after_step takes them
+    // back).
+    const std::vector<int32_t>& lent_slots() const { return lent_slots_; }
     // Whether the copy engines make some fills (the proxy exists: prefetches, or every fill).
     bool uses_copy_engines() const { return proxy_ != nullptr; }
     // Whether set_prefetch may have the copy engines make every fill: the device fetch reading a
@@ -287,6 +306,16 @@ private:
     bool staging_ = false;
     mgl::buffer_ptr stage_buf_;
     mgl::tensor* stage_ = nullptr;
+    // The prompt stage (set_prompt_stage): the lent slots' count and addresses the step reads
+    // (backend memory, [1 + capacity] i64) and their pinned upload; the slots lent to the step
+    // being run, and of those the ones whose expert (slot, key) is copied back after it.
+    mgl::buffer_ptr lend_buf_, lend_host_;
+    mgl::tensor* lend_ = nullptr;
+    int64_t prompt_stage_capacity_ = 0;
+    std::vector<int32_t> lent_slots_;
+    std::vector<std::pair<int32_t, int32_t>> lent_experts_;
+    void lend_slots();
+    void restore_lent_slots();
     // Prefetch by the copy engines (set_prefetch): declared last so it stops, and its copies
     // land, before the state and the slots are freed.
     std::unique_ptr<PrefetchProxy> proxy_;

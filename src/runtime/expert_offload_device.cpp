@@ -180,6 +180,8 @@ void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
     const int64_t most = std::min<int64_t>(L * E, L * std::min<int64_t>(E, n_tokens * top_k_) +
                                                       (n_tokens == 1 ? (L - 1) * prefetch_ : 0));
     const bool prompt = n_tokens * top_k_ >= E;
+    restore_lent_slots();  // a step that never reached after_step (it failed midway)
+    if (prompt && prompt_stage_capacity_ > 0) lend_slots();
     // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
     // ranks it lower, as the host rules would (docs/expert-cache-policies.md): the ranks are
     // uploaded with the victims. Not with the staging store: its victims repeat, and the CUDA
@@ -241,7 +243,11 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
         // make a later layer of the same chunk miss what it evicted, so only free slots are
         // offered and the other misses are read in place (each crosses the link once either
         // way).
-        if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
+        if (prompt)
+            std::erase_if(victims_, [&](int32_t v) {
+                return slot_key_[size_t(v)] >= 0 ||
+                       std::find(lent_slots_.begin(), lent_slots_.end(), v) != lent_slots_.end();
+            });
         most_fills_ = prompt ? int64_t(victims_.size()) : most;
     }
     const StateLayout at = layout();
@@ -270,6 +276,68 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
         words = span;
     }
     return words;
+}
+
+// The prompt stage's loan: from a full pool, the policy's lowest-ranked slots up to the
+// capacity, their addresses uploaded for mgl::expert_prompt_stage (none lent: a count of 0).
+// Each lent slot's expert has its entry pointed home for the chunk, so no kernel reads the slot
+// while the stage overwrites it; the policy still counts it resident, and restore_lent_slots
+// copies its bytes back after the chunk. A prompt chunk is offered only free slots, and a full
+// pool has none: the chunk fills nothing, so no fill can place an expert the policy thinks is
+// in a lent slot.
+void ExpertOffload::lend_slots() {
+    const int32_t E = config_.n_experts;
+    const int64_t C = prompt_stage_capacity_;
+    const auto& tables = store_.expert_tables();
+    lent_slots_ = cache_->victims(int32_t(C));
+    // Only from a full pool: a chunk with free slots fills them (from the copy kernel, as fast as
+    // the stage) and lending them would leave fewer experts cached for the decode after it.
+    const bool full = std::none_of(lent_slots_.begin(), lent_slots_.end(),
+                                   [&](int32_t v) { return slot_key_[size_t(v)] < 0; });
+    if (!full) lent_slots_.clear();
+    // Pinned: the count and addresses, then the entries pointed home (restore_lent_slots has
+    // its own third, since its uploads may still be queued when the next chunk lends).
+    auto* words = static_cast<int64_t*>(
+        backend_.host_staging(lend_host_, size_t(1 + 3 * C) * sizeof(int64_t)));
+    int64_t* entries = words + 1 + C;
+    words[0] = int64_t(lent_slots_.size());
+    for (size_t i = 0; i < lent_slots_.size(); ++i) {
+        const int32_t slot = lent_slots_[i], key = slot_key_[size_t(slot)];
+        words[1 + i] = slot_address(slot);
+        if (key < 0) continue;
+        const int32_t l = key / E, e = key % E;
+        lent_experts_.emplace_back(slot, key);
+        int64_t& entry = entries[lent_experts_.size() - 1];
+        entry = shadow_[size_t(l)][size_t(e)] = home(l, e);
+        backend_.copy_to_backend_async(static_cast<int64_t*>(tables[size_t(l)].t->data) + e, &entry,
+                                       sizeof entry);
+    }
+    backend_.copy_to_backend_async(lend_buf_->base(), words,
+                                   (1 + lent_slots_.size()) * sizeof(int64_t));
+}
+
+// After the chunk (its kernels are done: the host has its logits): each lent slot that held an
+// expert gets its bytes back and the expert's entry points at it again, queued on the backend's
+// stream before the next step. The policy never saw the loan.
+void ExpertOffload::restore_lent_slots() {
+    const int32_t E = config_.n_experts;
+    const int64_t C = prompt_stage_capacity_;
+    const auto& tables = store_.expert_tables();
+    int64_t* entries =
+        lent_experts_.empty() ? nullptr : static_cast<int64_t*>(lend_host_->base()) + 1 + 2 * C;
+    for (size_t i = 0; i < lent_experts_.size(); ++i) {
+        const auto [slot, key] = lent_experts_[i];
+        const int32_t l = key / E, e = key % E;
+        backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(slot)), blob(l, e),
+                                       size_t(blob_bytes_));
+        entries[i] = shadow_[size_t(l)][size_t(e)] = slot_address(slot);
+        backend_.copy_to_backend_async(static_cast<int64_t*>(tables[size_t(l)].t->data) + e,
+                                       &entries[i], sizeof(int64_t));
+        ++stats_.stage_restores;
+        stats_.bytes_restored += blob_bytes_;
+    }
+    lent_experts_.clear();
+    lent_slots_.clear();
 }
 
 void ExpertOffload::write_victims_after_launch() {
