@@ -68,10 +68,10 @@ struct ForwardBatch {
     // homes are host memory the device cannot read, so every fill goes through it. Null: the
     // homes are readable in place.
     mgl::tensor* expert_stage = nullptr;
-    // With expert_fetch (not the staging store): buffers for this many experts (mgl::
-    // expert_prompt_stage) into which each MoE layer of a prompt chunk copies the experts it
-    // uses that are not in slots, instead of the grouped kernels reading them in place. Null:
-    // they are read in place.
+    // With expert_fetch (not the staging store): the count and addresses of the slots the cache
+    // lends a prompt chunk ([1 + capacity] i64, mgl::expert_prompt_stage's `buffers`), into
+    // which each MoE layer of the chunk copies the experts it uses that are not in slots,
+    // instead of the grouped kernels reading them in place. Null: they are read in place.
     mgl::tensor* expert_prompt_stage = nullptr;
     int64_t expert_prompt_stage_capacity = 0;
     // With expert_fetch and one decoded token whose routing is not imposed: each MoE layer but

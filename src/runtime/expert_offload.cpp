@@ -205,6 +205,9 @@ void ExpertOffload::reset() {
     if (proxy_) proxy_->drain();
     // The last step counts (the counters keep running).
     settle();
+    // A loan a failed chunk left out is forgotten, not copied back: every slot is emptied.
+    lent_experts_.clear();
+    lent_slots_.clear();
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);
     fill_fence_.assign(fill_fence_.size(), 0);

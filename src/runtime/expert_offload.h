@@ -132,11 +132,11 @@ public:
     // proxy.
     void set_prefetch(int32_t n, bool copy_engines = false, bool fills_by_engines = false);
     // Prompt stage (device fetch, a host store the GPU reads; docs/expert-cache.md, "Prefill"):
-    // before each prompt chunk, up to `capacity` slots are lent to it (the free ones first,
-    // else the policy's lowest ranked, whose experts' entries point home for the chunk and whose
-    // bytes are copied back after it), and each MoE layer copies the experts it uses that are
-    // not in slots into them (mgl::expert_prompt_stage) instead of the grouped kernels reading
-    // them in place. The policy never sees it. 0 turns it off. For the session attach() sets up
+    // before each prompt chunk that finds the pool full, the policy's `capacity` lowest-ranked
+    // slots are lent to it (their experts' entries point home for the chunk; their bytes are
+    // copied back after it), and each MoE layer copies the experts it uses that are not in
+    // slots into them (mgl::expert_prompt_stage) instead of the grouped kernels reading them in
+    // place. The policy never sees the loan. 0 turns it off. For the session attach() sets up
     // next.
     void set_prompt_stage(int64_t capacity);
     int64_t prompt_stage() const { return prompt_stage_capacity_; }

@@ -97,9 +97,10 @@ public:
                           std::function<void(int64_t n_tokens, bool launched_whole)> prepare,
                           std::function<const int32_t*(int64_t n_tokens)> collect = nullptr,
                           int prefetch = 0, int prefetch_fills = 0);
-    // With the device fetch: buffers for `capacity` experts that each MoE layer of a prompt
-    // chunk copies its experts not in slots into (ForwardBatch::expert_prompt_stage). Null: off.
-    // Decode steps never stage, so the decode graph stays as recorded.
+    // With the device fetch: the count and addresses of up to `capacity` slots lent to a prompt
+    // chunk, into which each MoE layer copies its experts not in slots (ForwardBatch::
+    // expert_prompt_stage). Null: off. Decode steps never stage, so the decode graph stays as
+    // recorded.
     void set_expert_prompt_stage(mgl::tensor* buffers, int64_t capacity) {
         expert_prompt_stage_ = buffers;
         expert_prompt_stage_capacity_ = buffers ? capacity : 0;
