@@ -503,12 +503,24 @@ TEST_CASE(
               big.c_str(), "--threads", "1", "-q", static_cast<char*>(nullptr));
         _exit(127);
     }
-    // Wait until it has created OUT.tmp, then interrupt.
-    for (int i = 0; i < 200 && !fs::exists(tmp.path / "big.mds.tmp"); ++i)
+    // Wait until it has created OUT.tmp (its signal handlers are installed before that), then
+    // interrupt. Generously: on a loaded 2-core machine a fresh binary's start has taken over the
+    // 2 s this loop once allowed, and a SIGINT before the handlers kills the process outright.
+    int status = 0;
+    bool exited = false;
+    for (int i = 0; i < 6000 && !fs::exists(tmp.path / "big.mds.tmp"); ++i) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            exited = true;
+            break;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE_MESSAGE(!exited,
+                    "the conversion ended before writing its output (status " << status << ")");
+    REQUIRE_MESSAGE(fs::exists(tmp.path / "big.mds.tmp"),
+                    "the conversion wrote no OUT.tmp within 60 s");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     kill(pid, SIGINT);
-    int status = 0;
     waitpid(pid, &status, 0);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 130);
