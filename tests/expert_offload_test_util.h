@@ -66,6 +66,17 @@ inline ReferenceRun greedy_reference(const Deepseek2Model& model, mgl::backend& 
     return r;
 }
 
+// Decodes the reference's continuation one token at a time; whether every step's logits equal the
+// reference's bit for bit.
+inline bool decode_matches(Session& s, const ReferenceRun& ref) {
+    bool all_equal = true;
+    for (size_t i = 0; i < ref.tokens.size(); ++i) {
+        const int32_t one[1] = {ref.tokens[i]};
+        all_equal = all_equal && s.eval(one) == ref.step_logits[i];
+    }
+    return all_equal;
+}
+
 // Every table entry, as the backend holds it, is the expert's home or a slot whose bytes are
 // exactly the expert's, and what the host's replay says it is (settled first: with victims
 // after the launch a decode step's replay waits for the next launch). `read` copies backend

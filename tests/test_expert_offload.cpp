@@ -180,12 +180,7 @@ TEST_CASE("expert offload: fills on a transfer queue are pointed at only once th
                                           offload.slot_pending(offload.table_entry(l, e));
         });
         CHECK(s.eval(prompt, true) == ref_prompt);
-        bool all_equal = true;
-        for (size_t i = 0; i < tokens.size(); ++i) {
-            const int32_t one[1] = {tokens[i]};
-            all_equal = all_equal && s.eval(one) == ref_steps[i];
-        }
-        CHECK(all_equal);
+        CHECK(decode_matches(s, ref));
         CHECK(most_pending > 0);
         CHECK(pointed_at_pending == 0);
         const OffloadStats& st = offload.stats();
@@ -237,12 +232,7 @@ TEST_CASE("expert offload, device fetch: misses fetched into slots by the step c
             record_routing(s, trace);
             check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
             CHECK(s.eval(prompt, true) == ref_prompt);
-            bool all_equal = true;
-            for (size_t i = 0; i < tokens.size(); ++i) {
-                const int32_t one[1] = {tokens[i]};
-                all_equal = all_equal && s.eval(one) == ref_steps[i];
-            }
-            CHECK(all_equal);
+            CHECK(decode_matches(s, ref));
             const OffloadStats& st = offload.stats();
             CHECK(st.steps == 1 + int64_t(tokens.size()));
             CHECK(st.accesses == routing::simulate(trace, cfg).accesses);
@@ -317,12 +307,7 @@ TEST_CASE("expert offload, prompt stage: a prompt's misses staged in lent slots 
                 CAPTURE(round);
                 s.truncate(0);
                 CHECK(s.eval(offload_test_prompt, true) == ref_prompt);
-                bool all_equal = true;
-                for (size_t i = 0; i < tokens.size(); ++i) {
-                    const int32_t one[1] = {tokens[i]};
-                    all_equal = all_equal && s.eval(one) == ref_steps[i];
-                }
-                CHECK(all_equal);
+                CHECK(decode_matches(s, ref));
             }
             const OffloadStats& st = offload.stats();
             if (!staged) {
@@ -393,12 +378,7 @@ TEST_CASE("expert offload, prefetch: predicted experts filled a layer early chan
         CHECK(s.eval(prompt, true) == ref_prompt);
         CHECK(offload.stats().prefetches == 0);  // prompts do not prefetch
         const OffloadStats after_prompt = offload.stats();
-        bool all_equal = true;
-        for (size_t i = 0; i < tokens.size(); ++i) {
-            const int32_t one[1] = {tokens[i]};
-            all_equal = all_equal && s.eval(one) == ref_steps[i];
-        }
-        CHECK(all_equal);
+        CHECK(decode_matches(s, ref));
         const OffloadStats st = offload.stats().since(after_prompt);
         const int64_t n_moe = int64_t(cached.model->moe_layers().size());
         CHECK(st.prefetches > 0);
