@@ -97,6 +97,16 @@ TEST_CASE("cli expert cache: bad values are refused with one line") {
                   "expected auto or a number of experts");
     check_refused(with({"--expert-cache-slots", "24", "--expert-prefetch-fills", "-1"}),
                   "expected auto or a number of experts");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-prompt-stage", "-1"}),
+                  "expected auto or a number of experts from 0 to 1024");
+    check_refused(with({"--expert-cache-slots", "24", "--expert-prompt-stage", "half"}),
+                  "expected auto or a number of experts from 0 to 1024");
+    // On the CPU (no device fetch reading a registered store) an asked-for stage is ignored,
+    // said in one line; the run goes on.
+    const CliResult stage_cpu = with({"--expert-cache-slots", "24", "--expert-prompt-stage", "8"});
+    INFO("stderr: " << stage_cpu.err);
+    CHECK(stage_cpu.status == 0);
+    CHECK(stage_cpu.err.find("--expert-prompt-stage ignored") != std::string::npos);
     // auto asks for nothing that could be refused: with the host fetch it is 0.
     const CliResult host_auto = with({"--expert-cache-slots", "24", "--expert-cache-fetch", "host",
                                       "--expert-prefetch", "auto"});
