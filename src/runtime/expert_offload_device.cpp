@@ -278,8 +278,9 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
     return words;
 }
 
-// The prompt stage's loan: from a full pool, the policy's lowest-ranked slots up to the
-// capacity, their addresses uploaded for mgl::expert_prompt_stage (none lent: a count of 0).
+// The prompt stage's loan: from a full pool, the policy's lowest-ranked slots up to the capacity
+// (and up to what a layer of the chunk can miss), their addresses uploaded for
+// mgl::expert_prompt_stage (none lent: a count of 0).
 // Each lent slot's expert has its entry pointed home for the chunk, so no kernel reads the slot
 // while the stage overwrites it; the policy still counts it resident, and restore_lent_slots
 // copies its bytes back after the chunk. A prompt chunk is offered only free slots, and a full
@@ -295,6 +296,18 @@ void ExpertOffload::lend_slots() {
     const bool full = std::none_of(lent_slots_.begin(), lent_slots_.end(),
                                    [&](int32_t v) { return slot_key_[size_t(v)] < 0; });
     if (!full) lent_slots_.clear();
+    // No more than a layer of the chunk can miss: its experts not in slots (one layer's stage
+    // uses the slots at a time). None when every expert is in a slot: a lent slot would only
+    // cost its copies there and back. (An expert the loan itself sends home is a miss beyond
+    // that count, read in place when its layer's stage is full: counting it would let a loan
+    // taken from the layer with the most misses grow itself.)
+    std::vector<int64_t> not_in_slots(size_t(config_.n_layers), E);
+    for (const int32_t key : slot_key_)
+        if (key >= 0) --not_in_slots[size_t(key / E)];
+    const int64_t most_misses =
+        not_in_slots.empty() ? 0 : *std::max_element(not_in_slots.begin(), not_in_slots.end());
+    const size_t n = size_t(std::min<int64_t>(int64_t(lent_slots_.size()), most_misses));
+    lent_slots_.resize(n);
     // Pinned: the count and addresses, then the entries pointed home (restore_lent_slots has
     // its own third, since its uploads may still be queued when the next chunk lends).
     auto* words = static_cast<int64_t*>(
