@@ -148,8 +148,9 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
            },
            "device fetch on a GPU, registered host store: each MoE layer of a prompt chunk copies "
            "up to N of the experts it uses that are not in slots into slots the cache lends it "
-           "(from a full pool, the policy's lowest ranked; their experts are copied back after "
-           "the chunk), instead of the prompt kernels reading them over PCIe in place at about "
+           "(from a full pool, the policy's lowest ranked, no more than a layer can miss; their "
+           "experts are copied back after the chunk), instead of the prompt kernels reading them "
+           "over PCIe in place at about "
            "half the copy's rate (0: off). auto, the default: a layer's experts. On an H200 with "
            "V2-Lite at 12 GiB, pp512 2,545 -> 3,315 tok/s, decode unchanged (docs/expert-cache.md, "
            "\"Prefill\")")
