@@ -371,6 +371,44 @@ TEST_CASE("expert offload, prompt stage: lends no more slots than a layer can mi
     MESSAGE("prompt stage with 150 of 160 slots: at most " << most_lent << " lent");
 }
 
+TEST_CASE("expert offload, prompt stage: a chunk that fails before its replay loses nothing") {
+    // A warm prompt chunk is lent slots; its replay never runs (the hook throws, as an error or
+    // an interrupt between the step and its bookkeeping would). The next step must give the lent
+    // slots their experts back first: every entry home or at its bytes, and the logits of the
+    // model without a cache. A reset() with a loan outstanding forgets it.
+    const std::string path = (models_dir() / "demo.mds").string();
+    TestModel plain = open_test_model(path);
+    TestModel cached = open_test_model(path);
+    const ReferenceRun ref = greedy_reference(*plain.model, *plain.backend, {}, 4);
+    for (const bool reset_after : {false, true}) {
+        CAPTURE(reset_after);
+        routing::CacheConfig cfg;
+        cfg.n_slots = 12;
+        ExpertOffload offload(*cached.model, *cached.backend, cfg, nullptr, true);
+        offload.set_prompt_stage(8);
+        Session s(*cached.model, *cached.backend, SessionParams{});
+        offload.attach(s);
+        check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
+        CHECK(s.eval(offload_test_prompt, true) == ref.prompt_logits);  // cold: fills the pool
+        CHECK(decode_matches(s, ref));
+        bool failed = false;
+        s.set_expert_cache_hook([&](const RoutingRecord&) {
+            failed = !offload.lent_slots().empty();
+            throw std::runtime_error("the step's bookkeeping failed");
+        });
+        s.truncate(0);
+        CHECK_THROWS_AS(s.eval(offload_test_prompt, true), std::runtime_error);
+        CHECK(failed);  // it had been lent slots
+        CHECK(!offload.lent_slots().empty());
+        if (reset_after) offload.reset();
+        check_tables_after_each_step(s, offload, *cached.model, *cached.backend);
+        s.truncate(0);
+        CHECK(s.eval(offload_test_prompt, true) == ref.prompt_logits);
+        CHECK(decode_matches(s, ref));
+        check_tables(offload, *cached.model);
+    }
+}
+
 TEST_CASE("expert offload, prompt stage: refused where it cannot run") {
     const std::string path = (models_dir() / "demo.mds").string();
     TestModel m = open_test_model(path);
