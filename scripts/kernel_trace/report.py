@@ -258,4 +258,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        sys.stderr.close()
