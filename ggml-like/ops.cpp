@@ -265,19 +265,27 @@ void check_pages(const tensor* pages, const tensor* page_table, const char* op) 
     check_i32_vector(page_table, op, "page_table");
 }
 
+// What expert_fetch and expert_prompt_stage both read: a layer's table, its routing and the
+// fetch state, for experts of `layout`.
+void check_expert_inputs(const tensor* table, const tensor* ids, const tensor* state,
+                         const expert_layout* layout, const char* op) {
+    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
+              std::string(op) + ": table must be a contiguous i64 vector of blob addresses");
+    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
+              std::string(op) + ": ids must be contiguous i32 [T, k]");
+    MGL_CHECK(
+        state && state->type == dtype::i64 && state->is_contiguous() &&
+            nbytes(*state) >= sizeof(expert_fetch_header),
+        std::string(op) + ": state must be a contiguous i64 tensor holding an expert_fetch_header");
+    MGL_CHECK(layout && layout->blob_bytes > 0, std::string(op) + ": needs the experts' layout");
+}
+
 }  // namespace
 
 tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int layer,
                      std::shared_ptr<const expert_layout> layout, tensor* stage) {
-    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
-              "expert_fetch: table must be a contiguous i64 vector of blob addresses");
-    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
-              "expert_fetch: ids must be contiguous i32 [T, k]");
-    MGL_CHECK(state && state->type == dtype::i64 && state->is_contiguous() &&
-                  nbytes(*state) >= sizeof(expert_fetch_header),
-              "expert_fetch: state must be a contiguous i64 tensor holding an expert_fetch_header");
+    check_expert_inputs(table, ids, state, layout.get(), "expert_fetch");
     MGL_CHECK(layer >= 0, "expert_fetch: negative layer");
-    MGL_CHECK(layout && layout->blob_bytes > 0, "expert_fetch: needs the experts' layout");
     MGL_CHECK(!stage || (stage->type == dtype::i64 && stage->is_contiguous() &&
                          nbytes(*stage) >= sizeof(expert_stage_header)),
               "expert_fetch: stage must be a contiguous i64 tensor holding an expert_stage_header");
@@ -290,24 +298,15 @@ tensor* expert_fetch(context& c, tensor* table, tensor* ids, tensor* state, int 
 }
 
 tensor* expert_prompt_stage(context& c, tensor* table, tensor* ids, tensor* state,
-                            std::shared_ptr<const expert_layout> layout, tensor* buffers,
-                            int64_t capacity) {
-    MGL_CHECK(table && table->type == dtype::i64 && table->n_dims == 1 && table->is_contiguous(),
-              "expert_prompt_stage: table must be a contiguous i64 vector of blob addresses");
-    MGL_CHECK(ids && ids->type == dtype::i32 && ids->n_dims == 2 && ids->is_contiguous(),
-              "expert_prompt_stage: ids must be contiguous i32 [T, k]");
-    MGL_CHECK(state && state->type == dtype::i64 && state->is_contiguous() &&
-                  nbytes(*state) >= sizeof(expert_fetch_header),
-              "expert_prompt_stage: state must be a contiguous i64 tensor holding an "
-              "expert_fetch_header");
-    MGL_CHECK(layout && layout->blob_bytes > 0, "expert_prompt_stage: needs the experts' layout");
-    MGL_CHECK(capacity > 0 && buffers && buffers->type == dtype::i64 && buffers->is_contiguous() &&
-                  buffers->nelements() >= capacity + 1,
-              "expert_prompt_stage: buffers must be a contiguous i64 tensor of a count and " +
-                  std::to_string(capacity) + " addresses");
+                            std::shared_ptr<const expert_layout> layout, tensor* buffers) {
+    check_expert_inputs(table, ids, state, layout.get(), "expert_prompt_stage");
+    MGL_CHECK(buffers && buffers->type == dtype::i64 && buffers->is_contiguous() &&
+                  buffers->nelements() >= 2,
+              "expert_prompt_stage: buffers must be a contiguous i64 tensor of a count and at "
+              "least one address");
     tensor* t = c.new_node(op::expert_prompt_stage, dtype::i64, dims_of(*table));
     t->src = {table, ids, state, buffers};
-    t->iparams[0] = capacity;
+    t->iparams[0] = int(buffers->nelements() - 1);  // the capacity, read by the backends
     t->experts = std::move(layout);
     return t;
 }

@@ -82,8 +82,9 @@ TEST_CASE("mgl expert_prompt_stage on the CPU: the first misses in expert order,
             words.push_back(reinterpret_cast<int64_t>(&slots[size_t((S - 1 - i) * stride)]));
         mgl::tensor* buffers =
             h.leaf(mgl::dtype::i64, {1 + capacity}, words.data(), words.size() * 8, "buffers");
-        mgl::tensor* out = mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout,
-                                                    buffers, capacity);
+        mgl::tensor* out =
+            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout, buffers);
+        CHECK(out->iparams[0] == capacity);  // the capacity is the buffers' size less the count
         h.run(out);
         const auto* got = static_cast<const int64_t*>(out->data);
         const int64_t n = std::min(lent, capacity);
@@ -116,18 +117,20 @@ TEST_CASE("mgl expert_prompt_stage on the CPU: the first misses in expert order,
                                             header.slot_base + 7 * stride};
         mgl::tensor* buffers =
             h.leaf(mgl::dtype::i64, {3}, words.data(), words.size() * 8, "buffers");
-        // A count and two addresses cannot serve a capacity of three, nor any of none.
+        // A count with no address serves nothing; addresses must be i64.
+        mgl::tensor* count_only = h.leaf(mgl::dtype::i64, {1}, words.data(), 8, "count");
         CHECK_THROWS_AS(
-            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout, buffers, 3),
+            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout, count_only),
             mgl::error);
+        mgl::tensor* as_i32 = h.i32({6}, {2, 0, 0, 0, 0, 0});
         CHECK_THROWS_AS(
-            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout, buffers, 0),
+            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, ids), state, layout, as_i32),
             mgl::error);
         // An id outside [0, E) is an error when the op runs.
         std::vector<int32_t> bad = ids;
         bad[5] = int32_t(E);
         mgl::tensor* out =
-            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, bad), state, layout, buffers, 2);
+            mgl::expert_prompt_stage(h.ctx, t, h.i32({3, 4}, bad), state, layout, buffers);
         CHECK_THROWS_AS(h.run(out), mgl::error);
     }
 }

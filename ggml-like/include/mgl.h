@@ -346,7 +346,7 @@ tensor* slice(context& c, tensor* a, int dim, int64_t start, int64_t len);
 // cpy: src = {src, dst}. concat: iparams[0] = dim. expert_fetch: src = {table, ids, state,
 // stage (or null), protect (or null), after (or null)}, iparams = {layer, prefetch (0/1),
 // protect_layer, max_fills}, experts (the layout). expert_prompt_stage: src = {table, ids, state,
-// buffers}, iparams[0] = capacity, experts (the layout).
+// buffers}, iparams[0] = capacity (buffers' size less the count), experts (the layout).
 //
 // Values that change from one decode step to the next (token ids, positions, the page table, the
 // expert table, routing overrides) are always tensors, never op parameters: a graph recorded once
@@ -420,15 +420,15 @@ inline bool is_expert_prefetch(const tensor& t) {
 // an expert_fetch's result) in which the first n distinct experts of ids ([T, k] i32), in
 // increasing order, whose entry is not a slot of `state` (so moe_experts would read them in place
 // from host memory) point at buffer i instead, with their blob copied there from the entry's
-// address. `buffers` ([1 + capacity] i64, backend memory) holds n (at most capacity; more is
-// read as capacity) and then the buffers' addresses, written by the caller before the step: the
+// address. `buffers` ([1 + capacity] i64, backend memory; its size is the capacity) holds n (at
+// most capacity; more is read as capacity) and then the buffers' addresses, written by the
+// caller before the step: the
 // expert cache lends slots it holds no expert in, or whose expert it copies back after the
 // step. The table itself is not written, so the cache's bookkeeping never sees the buffers; the
 // next layer's stage (run after this layer's moe_experts) overwrites them. Why: the grouped
 // prompt kernels read a host blob at about half the rate a copy moves it.
 tensor* expert_prompt_stage(context& c, tensor* table, tensor* ids, tensor* state,
-                            std::shared_ptr<const expert_layout> layout, tensor* buffers,
-                            int64_t capacity);
+                            std::shared_ptr<const expert_layout> layout, tensor* buffers);
 
 // Paged latent KV cache of one layer: `pages` [n_pages, page_size, kv_lora_rank + rope] f32 (or
 // bf16 / f16: stored rounded to nearest even, read back to f32), and

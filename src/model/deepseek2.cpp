@@ -357,8 +357,7 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
         // them there (docs/expert-cache.md, "Prefill").
         if (batch.expert_prompt_stage && ids->shape[0] * ids->shape[1] >= table->shape[0])
             table = named(mgl::expert_prompt_stage(ctx, table, ids, batch.expert_fetch,
-                                                   expert_layout_, batch.expert_prompt_stage,
-                                                   batch.expert_prompt_stage_capacity),
+                                                   expert_layout_, batch.expert_prompt_stage),
                           "expert_prompt_stage", il);
     }
     return named(mgl::moe_experts(ctx, x, ids, w, table, expert_layout_, shared), "ffn_out",

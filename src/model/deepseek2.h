@@ -73,7 +73,6 @@ struct ForwardBatch {
     // which each MoE layer of the chunk copies the experts it uses that are not in slots,
     // instead of the grouped kernels reading them in place. Null: they are read in place.
     mgl::tensor* expert_prompt_stage = nullptr;
-    int64_t expert_prompt_stage_capacity = 0;
     // With expert_fetch and one decoded token whose routing is not imposed: each MoE layer but
     // the last prefetches this many of the next MoE layer's experts, predicted by that layer's
     // router applied to this layer's FFN input (mgl::expert_prefetch; docs/expert-cache.md,

@@ -83,7 +83,7 @@ void ExpertOffload::attach(Session& session) {
                                           [this](int64_t n) { return queue_fill_log(n); })
                                     : nullptr,
                              prefetch_, prefetch_fills_);
-    session.set_expert_prompt_stage(lend_, prompt_stage_capacity_);
+    session.set_expert_prompt_stage(lend_);
 }
 
 void ExpertOffload::set_prompt_stage(int64_t capacity) {

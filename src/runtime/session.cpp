@@ -101,10 +101,7 @@ std::unique_ptr<Session::StepGraph> Session::record(int64_t T, bool all_logits, 
     batch.routing_weights = s->routing_weights;
     batch.expert_fetch = expert_fetch_;
     batch.expert_stage = expert_stage_;
-    if (expert_fetch_ && !expert_stage_) {
-        batch.expert_prompt_stage = expert_prompt_stage_;
-        batch.expert_prompt_stage_capacity = expert_prompt_stage_capacity_;
-    }
+    if (expert_fetch_ && !expert_stage_) batch.expert_prompt_stage = expert_prompt_stage_;
     batch.expert_prefetch = decode_prefetch();
     batch.expert_prefetch_fills = expert_prefetch_fills_;
     s->out = model_.build_forward(s->ctx, batch);

@@ -97,14 +97,10 @@ public:
                           std::function<void(int64_t n_tokens, bool launched_whole)> prepare,
                           std::function<const int32_t*(int64_t n_tokens)> collect = nullptr,
                           int prefetch = 0, int prefetch_fills = 0);
-    // With the device fetch: the count and addresses of up to `capacity` slots lent to a prompt
-    // chunk, into which each MoE layer copies its experts not in slots (ForwardBatch::
-    // expert_prompt_stage). Null: off. Decode steps never stage, so the decode graph stays as
-    // recorded.
-    void set_expert_prompt_stage(mgl::tensor* buffers, int64_t capacity) {
-        expert_prompt_stage_ = buffers;
-        expert_prompt_stage_capacity_ = buffers ? capacity : 0;
-    }
+    // With the device fetch: the count and addresses of the slots lent to a prompt chunk, into
+    // which each MoE layer copies its experts not in slots (ForwardBatch::expert_prompt_stage).
+    // Null: off. Decode steps never stage, so the decode graph stays as recorded.
+    void set_expert_prompt_stage(mgl::tensor* buffers) { expert_prompt_stage_ = buffers; }
     // Changing whether an override is set re-records the decode graph.
     void set_routing_override(RoutingOverride f);
     // The prefetch the decode graph is built with: set_expert_fetch's, but none while an override
@@ -168,7 +164,6 @@ private:
     int expert_prefetch_fills_ = 0;
     mgl::tensor* expert_stage_ = nullptr;
     mgl::tensor* expert_prompt_stage_ = nullptr;
-    int64_t expert_prompt_stage_capacity_ = 0;
     std::function<void(int64_t, bool)> expert_fetch_prepare_;
     std::function<const int32_t*(int64_t)> expert_fetch_collect_;
     size_t routing_queued_ = 0;  // ids queue_routing queued (weights after them in routing_host_)
