@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -113,19 +115,26 @@ inline void check_tables(ExpertOffload& o, const Deepseek2Model& m) {
 
 // Makes `s`'s expert cache hook replay every step into `o` and then, once `backend` is done,
 // check the tables (check_tables with `read`), so an error names the step that made it.
+// `before_replay`, if given, runs first: what the step left before its bookkeeping (the slots a
+// prompt chunk was lent).
 template <class Read>
+requires std::invocable<Read, void*, const void*, size_t>
 void check_tables_after_each_step(Session& s, ExpertOffload& o, const Deepseek2Model& m,
-                                  mgl::backend& backend, Read read) {
-    s.set_expert_cache_hook([&o, &m, &backend, read](const RoutingRecord& r) {
+                                  mgl::backend& backend, Read read,
+                                  std::function<void()> before_replay = {}) {
+    s.set_expert_cache_hook([&o, &m, &backend, read, before_replay](const RoutingRecord& r) {
+        if (before_replay) before_replay();
         o.after_step(r);
         backend.synchronize();
         check_tables(o, m, read);
     });
 }
 inline void check_tables_after_each_step(Session& s, ExpertOffload& o, const Deepseek2Model& m,
-                                         mgl::backend& backend) {
+                                         mgl::backend& backend,
+                                         std::function<void()> before_replay = {}) {
     check_tables_after_each_step(
-        s, o, m, backend, [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); });
+        s, o, m, backend, [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); },
+        std::move(before_replay));
 }
 
 }  // namespace minids::test

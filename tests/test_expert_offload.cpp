@@ -291,24 +291,21 @@ TEST_CASE("expert offload, prompt stage: a prompt's misses staged in lent slots 
             Session s(*cached.model, *cached.backend, SessionParams{});
             offload.attach(s);
             int prompts_seen = 0, found_in_lent = 0;
-            s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                if (!offload.lent_slots().empty()) {
-                    ++prompts_seen;
-                    const auto* lent = reinterpret_cast<const uint8_t*>(
-                        offload.slot_address(offload.lent_slots().front()));
-                    int found = 0;
-                    for (int32_t e = 0; e < 32; ++e)
-                        found += std::memcmp(lent, offload.blob(last, e), blob_bytes) == 0;
-                    found_in_lent += found == 1;
-                }
-                offload.after_step(r);
-                CHECK(offload.lent_slots().empty());
-                check_tables(offload, *cached.model);
+            check_tables_after_each_step(s, offload, *cached.model, *cached.backend, [&] {
+                if (offload.lent_slots().empty()) return;
+                ++prompts_seen;
+                const auto* lent = reinterpret_cast<const uint8_t*>(
+                    offload.slot_address(offload.lent_slots().front()));
+                int found = 0;
+                for (int32_t e = 0; e < 32; ++e)
+                    found += std::memcmp(lent, offload.blob(last, e), blob_bytes) == 0;
+                found_in_lent += found == 1;
             });
             for (int round = 0; round < 2; ++round) {
                 CAPTURE(round);
                 s.truncate(0);
                 CHECK(s.eval(offload_test_prompt, true) == ref_prompt);
+                CHECK(offload.lent_slots().empty());  // taken back by the chunk's replay
                 CHECK(decode_matches(s, ref));
             }
             const OffloadStats& st = offload.stats();
@@ -346,13 +343,10 @@ TEST_CASE("expert offload, prompt stage: lends no more slots than a layer can mi
     Session reference(*plain.model, *plain.backend, SessionParams{});
     offload.attach(s);
     size_t loans = 0, most_lent = 0;
-    s.set_expert_cache_hook([&](const RoutingRecord& r) {
-        if (!offload.lent_slots().empty()) {
-            ++loans;
-            most_lent = std::max(most_lent, offload.lent_slots().size());
-        }
-        offload.after_step(r);
-        check_tables(offload, *cached.model);
+    check_tables_after_each_step(s, offload, *cached.model, *cached.backend, [&] {
+        if (offload.lent_slots().empty()) return;
+        ++loans;
+        most_lent = std::max(most_lent, offload.lent_slots().size());
     });
     std::mt19937 rng(3);
     const int32_t vocab = int32_t(cached.model->config().vocab_size);

@@ -184,29 +184,24 @@ TEST_CASE("cuda expert offload: the device fetch gives the resident logits" *
                 offload.attach(s);
                 routing::RoutingTrace trace = empty_trace(*m.model);
                 record_routing(s, trace);
-                // As check_tables_after_each_step, and before the replay of a chunk that was lent
-                // slots: the first holds one of the last MoE layer's experts (its stage's copy).
+                // Before the replay of a chunk that was lent slots: the first holds one of the
+                // last MoE layer's experts (its stage's copy).
                 const uint64_t blob_bytes = m.model->weights().expert_tables().at(0).blob_bytes;
                 const int32_t last = int32_t(m.model->moe_layers().size()) - 1;
                 int lent_chunks = 0, lent_found = 0;
-                s.set_expert_cache_hook([&](const RoutingRecord& r) {
-                    if (!offload.lent_slots().empty()) {
-                        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-                        std::vector<uint8_t> bytes(blob_bytes);
-                        read(bytes.data(),
-                             reinterpret_cast<const void*>(
-                                 offload.slot_address(offload.lent_slots().front())),
-                             blob_bytes);
-                        int found = 0;
-                        for (int32_t e = 0; e < 32; ++e)
-                            found +=
-                                std::memcmp(bytes.data(), offload.blob(last, e), blob_bytes) == 0;
-                        ++lent_chunks;
-                        lent_found += found == 1;
-                    }
-                    offload.after_step(r);
-                    m.backend->synchronize();
-                    check_tables(offload, *m.model, read);
+                check_tables_after_each_step(s, offload, *m.model, *m.backend, read, [&] {
+                    if (offload.lent_slots().empty()) return;
+                    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+                    std::vector<uint8_t> bytes(blob_bytes);
+                    read(bytes.data(),
+                         reinterpret_cast<const void*>(
+                             offload.slot_address(offload.lent_slots().front())),
+                         blob_bytes);
+                    int found = 0;
+                    for (int32_t e = 0; e < 32; ++e)
+                        found += std::memcmp(bytes.data(), offload.blob(last, e), blob_bytes) == 0;
+                    ++lent_chunks;
+                    lent_found += found == 1;
                 });
                 std::vector<std::vector<float>>& logits = logits_of[variant];
                 logits.push_back(s.eval(prompt, true));
