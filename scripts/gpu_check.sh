@@ -75,6 +75,8 @@ SUMMARY="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+# The tok/s of bench's markdown row for test $1 (pp512, tg128, ...), read from stdin.
+tok_s() { grep -E "\| $1 " | awk -F'|' '{print $9}' | awk '{print $1}'; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader \
     > "$OUT/gpu.txt" 2>&1
@@ -153,8 +155,8 @@ every_hit() {
         --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_resident$tag.md" 2> "$OUT/bench_hits_resident$tag.log"
     env ${envs[@]+"${envs[@]}"} timeout 200 "$BIN/minids" bench -m "$f" -p 16 -n 128 -r 2 -o md \
         --vram-budget 12GiB --replay-routing "$WORK/sticky.npz" > "$OUT/bench_hits_12g$tag.md" 2> "$OUT/bench_hits_12g$tag.log"
-    local res=$(grep -E '\| tg128 ' "$OUT/bench_hits_resident$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
-    local off=$(grep -E '\| tg128 ' "$OUT/bench_hits_12g$tag.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+    local res=$(tok_s tg128 < "$OUT/bench_hits_resident$tag.md")
+    local off=$(tok_s tg128 < "$OUT/bench_hits_12g$tag.md")
     say "every expert a hit (replayed sticky trace${ab:+, $ab}): resident tg128 ${res:-?}, 12 GiB cache tg128 ${off:-?} tok/s ($(awk "BEGIN { if (\"$res\" > 0) printf \"%.1f%% of resident\", 100 * \"$off\" / \"$res\" }"))"
 }
 
@@ -243,7 +245,7 @@ bench_model() {  # $1 = expert dtype
     if [[ $1 == f8_e4m3 ]]; then
         MINIDS_CUDA_REPLAY_TIMER=1 timeout 200 "$BIN/minids" bench -m "$f" -p 0 -n 128 -r $reps -o md \
             > "$OUT/bench_replay_timer.md" 2> "$OUT/bench_replay_timer.log"
-        local tg=$(grep -E '\| tg128 ' "$OUT/bench_replay_timer.md" | awk -F'|' '{print $9}' | awk '{print $1}')
+        local tg=$(tok_s tg128 < "$OUT/bench_replay_timer.md")
         local gpu_us=$(grep -m1 'cuda replay timer' "$OUT/bench_replay_timer.log" | sed -E 's/.*median ([0-9.]+) us.*/\1/')
         say "decode host gap: tg128 ${tg:-?} tok/s with the replay timer; GPU time per decode replay ${gpu_us:-?} us (median); $(awk "BEGIN { if (\"$tg\" > 0 && \"$gpu_us\" > 0) printf \"wall %.1f us per token, host gap %.1f us\", 1e6 / \"$tg\", 1e6 / \"$tg\" - \"$gpu_us\" }")"
     fi
@@ -306,8 +308,7 @@ bench_model() {  # $1 = expert dtype
         local stage_pp=""
         for stage in 0 auto 0 auto; do
             stage_pp+=" $stage $(timeout 120 "$BIN/minids" bench -m "$f" -p 512 -n 0 -r 3 -o md \
-                --vram-budget 12GiB --expert-prompt-stage $stage 2>/dev/null |
-                grep -E '\| pp512 ' | awk -F'|' '{print $9}' | awk '{print $1}');"
+                --vram-budget 12GiB --expert-prompt-stage $stage 2>/dev/null | tok_s pp512);"
         done
         say "offload 12GiB, prompt stage: pp512 tok/s by --expert-prompt-stage:$stage_pp"
         if [[ $FETCH_COMPARE == 1 ]]; then
