@@ -206,7 +206,6 @@ void ExpertOffload::reset() {
     // The last step counts (the counters keep running).
     settle();
     // A loan a failed chunk left out is forgotten, not copied back: every slot is emptied.
-    lent_experts_.clear();
     lent_slots_.clear();
     cache_ = routing::make_expert_cache(config_);
     slot_key_.assign(slot_key_.size(), -1);

@@ -308,12 +308,11 @@ private:
     mgl::tensor* stage_ = nullptr;
     // The prompt stage (set_prompt_stage): the lent slots' count and addresses the step reads
     // (backend memory, [1 + capacity] i64) and their pinned upload; the slots lent to the step
-    // being run, and of those the ones whose expert (slot, key) is copied back after it.
+    // being run (each holds an expert, named by slot_key_, copied back after it).
     mgl::buffer_ptr lend_buf_, lend_host_;
     mgl::tensor* lend_ = nullptr;
     int64_t prompt_stage_capacity_ = 0;
     std::vector<int32_t> lent_slots_;
-    std::vector<std::pair<int32_t, int32_t>> lent_experts_;
     void lend_slots();
     void restore_lent_slots();
     // Prefetch by the copy engines (set_prefetch): declared last so it stops, and its copies

@@ -243,11 +243,8 @@ size_t ExpertOffload::stage_victims(int64_t most, bool prompt, bool recycle) {
         // make a later layer of the same chunk miss what it evicted, so only free slots are
         // offered and the other misses are read in place (each crosses the link once either
         // way).
-        if (prompt)
-            std::erase_if(victims_, [&](int32_t v) {
-                return slot_key_[size_t(v)] >= 0 ||
-                       std::find(lent_slots_.begin(), lent_slots_.end(), v) != lent_slots_.end();
-            });
+        // (A prompt stage's lent slots are never among them: it lends only from a full pool.)
+        if (prompt) std::erase_if(victims_, [&](int32_t v) { return slot_key_[size_t(v)] >= 0; });
         most_fills_ = prompt ? int64_t(victims_.size()) : most;
     }
     const StateLayout at = layout();
@@ -315,12 +312,10 @@ void ExpertOffload::lend_slots() {
     int64_t* entries = words + 1 + C;
     words[0] = int64_t(lent_slots_.size());
     for (size_t i = 0; i < lent_slots_.size(); ++i) {
-        const int32_t slot = lent_slots_[i], key = slot_key_[size_t(slot)];
+        const int32_t slot = lent_slots_[i], key = slot_key_[size_t(slot)];  // full: key >= 0
         words[1 + i] = slot_address(slot);
-        if (key < 0) continue;
         const int32_t l = key / E, e = key % E;
-        lent_experts_.emplace_back(slot, key);
-        int64_t& entry = entries[lent_experts_.size() - 1];
+        int64_t& entry = entries[i];
         entry = shadow_[size_t(l)][size_t(e)] = home(l, e);
         backend_.copy_to_backend_async(static_cast<int64_t*>(tables[size_t(l)].t->data) + e, &entry,
                                        sizeof entry);
@@ -329,17 +324,17 @@ void ExpertOffload::lend_slots() {
                                    (1 + lent_slots_.size()) * sizeof(int64_t));
 }
 
-// After the chunk (its kernels are done: the host has its logits): each lent slot that held an
-// expert gets its bytes back and the expert's entry points at it again, queued on the backend's
-// stream before the next step. The policy never saw the loan.
+// After the chunk (its kernels are done: the host has its logits): each lent slot gets its
+// expert's bytes back (slot_key_ still names it: the policy never saw the loan) and the
+// expert's entry points at it again, queued on the backend's stream before the next step.
 void ExpertOffload::restore_lent_slots() {
     const int32_t E = config_.n_experts;
     const int64_t C = prompt_stage_capacity_;
     const auto& tables = store_.expert_tables();
     int64_t* entries =
-        lent_experts_.empty() ? nullptr : static_cast<int64_t*>(lend_host_->base()) + 1 + 2 * C;
-    for (size_t i = 0; i < lent_experts_.size(); ++i) {
-        const auto [slot, key] = lent_experts_[i];
+        lent_slots_.empty() ? nullptr : static_cast<int64_t*>(lend_host_->base()) + 1 + 2 * C;
+    for (size_t i = 0; i < lent_slots_.size(); ++i) {
+        const int32_t slot = lent_slots_[i], key = slot_key_[size_t(slot)];
         const int32_t l = key / E, e = key % E;
         backend_.copy_to_backend_async(reinterpret_cast<void*>(slot_address(slot)), blob(l, e),
                                        size_t(blob_bytes_));
@@ -349,7 +344,6 @@ void ExpertOffload::restore_lent_slots() {
         ++stats_.stage_restores;
         stats_.bytes_restored += blob_bytes_;
     }
-    lent_experts_.clear();
     lent_slots_.clear();
 }
 
