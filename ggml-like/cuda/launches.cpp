@@ -106,11 +106,17 @@ kn::MoeGroupedKernel moe_grouped_kernel() {
     return k;
 }
 
+// The tensor beneath t's views (t itself when it is no view; null stays null).
+const tensor* beneath_views(const tensor* t) {
+    while (t && t->op_kind == op::view) t = t->src[0];
+    return t;
+}
+
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
 // a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
 // dependent only when the weight is such data (a weight a node computes could still be in flight).
 bool caller_data(const tensor* t) {
-    while (t && t->op_kind == op::view) t = t->src[0];
+    t = beneath_views(t);
     return !t || t->op_kind == op::none;
 }
 
@@ -372,9 +378,11 @@ launch_step expert_fetch_step(const tensor& n, bool planned, const fusion_plan& 
         return {"expert_fetch(copy)", &n, [p](const exec_env& env) {
                     kn::expert_fetch_copy(with_proxy(with_pdl(p, env), env), env.stream);
                 }};
-    return {"expert_fetch", &n, [p](const exec_env& env) {
-                kn::expert_fetch(with_proxy(with_pdl(p, env), env), env.stream);
-            }};
+    launch_step step{"expert_fetch", &n, [p](const exec_env& env) {
+                         kn::expert_fetch(with_proxy(with_pdl(p, env), env), env.stream);
+                     }};
+    step.plans_and_copies = true;
+    return step;
 }
 
 launch_step kv_store_step(const tensor& n) {
@@ -575,8 +583,7 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     p.grouped.kernel = moe_grouped_kernel();
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     // The cache's state, when the table is an expert fetch's (its alias).
-    const tensor* fetched = n.src[3];
-    while (fetched && fetched->op_kind == op::view) fetched = fetched->src[0];
+    const tensor* fetched = beneath_views(n.src[3]);
     const auto* fetch_state = fetched && fetched->op_kind == op::expert_fetch
                                   ? static_cast<const expert_fetch_header*>(fetched->src[2]->data)
                                   : nullptr;
@@ -958,8 +965,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
     const launch_step* prev_side = nullptr;
     for (launch_step& st : out.steps) {
         const launch_step*& prev = st.side ? prev_side : prev_main;
-        st.after_fetch = prev && !st.join && prev->node &&
-                         prev->node->op_kind == op::expert_fetch && prev->what == "expert_fetch";
+        st.after_fetch = prev && !st.join && prev->plans_and_copies;
         prev = &st;
         if (!st.side) prev_side = nullptr;  // the next side launch follows a fork
     }

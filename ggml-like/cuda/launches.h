@@ -50,6 +50,9 @@ struct launch_step {
     // kernel in before its plan is done): a MoE launch then starts the experts that no fill of
     // the step wrote without waiting for it (kernels::MoeExpertsParams::fetch_state).
     bool after_fetch = false;
+    // This launch is an expert fetch's plan and copy, both (kernels::expert_fetch): not a staged
+    // fetch, nor the copy alone after a plan made by its routing launch.
+    bool plans_and_copies = false;
 };
 
 // What the launches need from the backend besides the graph.
