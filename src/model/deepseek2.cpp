@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "routing/prompt_chunk.h"
+
 namespace minids {
 
 namespace {
@@ -355,7 +357,8 @@ mgl::tensor* Deepseek2Model::build_ffn(mgl::context& ctx, const Deepseek2Layer& 
         // A prompt chunk (T·k >= E: nearly every expert of the layer is used): the misses the
         // fetch left home are copied into slots the cache lent the chunk, and the experts read
         // them there (docs/expert-cache.md, "Prefill").
-        if (batch.expert_prompt_stage && ids->shape[0] * ids->shape[1] >= table->shape[0])
+        if (batch.expert_prompt_stage &&
+            routing::is_prompt_chunk(ids->shape[0], ids->shape[1], table->shape[0]))
             table = named(mgl::expert_prompt_stage(ctx, table, ids, batch.expert_fetch,
                                                    expert_layout_, batch.expert_prompt_stage),
                           "expert_prompt_stage", il);

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "routing/prompt_chunk.h"
+
 namespace minids::routing {
 
 std::vector<int32_t> next_uses(const RoutingTrace& tr) {
@@ -160,7 +162,7 @@ SimResult simulate_device_fetch(const RoutingTrace& tr, CacheConfig c, bool toke
         // A prompt chunk (every layer uses nearly all its experts) takes free slots only and
         // never evicts what it brought in; a decode pass may re-evict its own earlier arrivals.
         // The staging store offers victims for every miss instead (ExpertOffload::before_step).
-        const bool prompt = T * k >= E;
+        const bool prompt = is_prompt_chunk(T, k, E);
         std::vector<int32_t> victims =
             staging ? cache->victims_repeated(most)
                     : cache->victims(int32_t(std::min<int64_t>(c.n_slots, most)));

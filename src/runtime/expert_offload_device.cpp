@@ -9,6 +9,7 @@
 #include <string>
 #include <system_error>
 
+#include "routing/prompt_chunk.h"
 #include "runtime/expert_offload.h"
 #include "runtime/host_time.h"
 
@@ -179,7 +180,7 @@ void ExpertOffload::before_step(int64_t n_tokens, bool launched_whole) {
     // but the first; never more than one per key (a prefetched expert is its layer's hit).
     const int64_t most = std::min<int64_t>(L * E, L * std::min<int64_t>(E, n_tokens * top_k_) +
                                                       (n_tokens == 1 ? (L - 1) * prefetch_ : 0));
-    const bool prompt = n_tokens * top_k_ >= E;
+    const bool prompt = routing::is_prompt_chunk(n_tokens, top_k_, E);
     restore_lent_slots();  // a step that never reached after_step (it failed midway)
     if (prompt && prompt_stage_capacity_ > 0) lend_slots();
     // Outside a prompt a miss may instead evict this step's earlier arrival when the policy
