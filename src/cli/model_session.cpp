@@ -90,20 +90,18 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
                    "auto (device wherever it applies, else host)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "host", "device"}));
-    // N|auto into `out` (-1: auto).
-    auto count_or_auto = [](const char* name, int& out) {
-        return [name, &out](const std::string& v) {
+    // N|auto into `out` (-1: auto), N from 0 to `most`.
+    auto count_or_auto = [](const char* name, int& out, int most = 64) {
+        return [name, &out, most](const std::string& v) {
             if (v == "auto") {
                 out = -1;
                 return;
             }
             int n = -1;
             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-            if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 64)
-                throw CLI::ValidationError(name,
-                                           "expected auto or a number of experts from 0 to "
-                                           "64, found '" +
-                                               v + "'");
+            if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > most)
+                throw CLI::ValidationError(name, "expected auto or a number of experts from 0 to " +
+                                                     std::to_string(most) + ", found '" + v + "'");
             out = n;
         };
     };
@@ -132,20 +130,7 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
         ->type_name("N|auto");
     cmd.add_option_function<std::string>(
            "--expert-prompt-stage",
-           [&f](const std::string& v) {
-               if (v == "auto") {
-                   f.expert_prompt_stage = -1;
-                   return;
-               }
-               int n = -1;
-               const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-               if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 1024)
-                   throw CLI::ValidationError("--expert-prompt-stage",
-                                              "expected auto or a number of experts from 0 to "
-                                              "1024, found '" +
-                                                  v + "'");
-               f.expert_prompt_stage = n;
-           },
+           count_or_auto("--expert-prompt-stage", f.expert_prompt_stage, 1024),
            "device fetch on a GPU, registered host store: each MoE layer of a prompt chunk copies "
            "up to N of the experts it uses that are not in slots into slots the cache lends it "
            "(from a full pool, the policy's lowest ranked, no more than a layer can miss; their "
