@@ -108,13 +108,26 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_by
     if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
         moe_fail("moe_experts: workspace must be 256-byte aligned");
     if (moe_resolved_path(p) == MoePath::decode) {
-        decode_experts(p, workspace, workspace_bytes, stream);
+        decode_experts(p, MoeDecodePart::all, workspace, workspace_bytes, stream);
     } else if (p.rms_norm) {
         moe_fail("moe_experts: the folded RMSNorm is supported on the decode path only (" +
                  std::to_string(p.n_tokens) + " tokens take the grouped path)");
     } else {
         grouped_experts(p, workspace, workspace_bytes, stream);
     }
+}
+
+void moe_decode_part(const MoeExpertsParams& p, MoeDecodePart part, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream) {
+    check_experts_params(p);
+    if (!p.ids || !p.weights || !p.x || !p.out)
+        moe_fail("moe_decode_part: ids, weights, x and out are required");
+    if (moe_resolved_path(p) != MoePath::decode)
+        moe_fail("moe_decode_part: the parameters take the grouped path (" +
+                 std::to_string(p.n_tokens) + " tokens)");
+    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+        moe_fail("moe_decode_part: workspace must be 256-byte aligned");
+    decode_experts(p, part, workspace, workspace_bytes, stream);
 }
 
 void moe_grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* workspace,

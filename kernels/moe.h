@@ -304,6 +304,17 @@ size_t moe_experts_workspace_bytes(const MoeExpertsParams& p);
 void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream);
 
+// The decode path in parts, for a caller that runs the shared expert's gate/up beside the
+// routing (the CUDA backend's shared_beside fusion: on a second stream, forked once x is
+// written, joined before the down launch). One workspace serves all three parts, which must run
+// in this order except that shared_gate_up may run any time after x is written and before down:
+// shared_gate_up (nothing without a shared expert), routed_gate_up (launch 1 without the shared
+// job; fetch_state as for moe_experts), down (launch 2, reading every job's activations). The
+// result is bit-identical to moe_experts: each job's arithmetic does not depend on the grid.
+enum class MoeDecodePart : uint8_t { all, shared_gate_up, routed_gate_up, down };
+void moe_decode_part(const MoeExpertsParams& p, MoeDecodePart part, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
+
 // The launches of the grouped path one at a time, for benchmarks that time each kernel alone
 // (scripts/bench_moe_cuda.cpp). On the workspace a complete moe_experts call with the same
 // parameters left, re-running a stage recomputes what that call computed there (the combine

@@ -142,7 +142,8 @@ inline bool has_shared(const MoeExpertsParams& p) { return p.shared.gate != null
 
 // Decode path (moe_decode.cu).
 size_t decode_workspace_bytes(const MoeExpertsParams& p);
-void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream);
+void decode_experts(const MoeExpertsParams& p, MoeDecodePart part, void* ws, size_t ws_bytes,
+                    cudaStream_t stream);
 // Grouped path (moe_grouped.cu).
 size_t grouped_workspace_bytes(const MoeExpertsParams& p);
 void grouped_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream);

@@ -52,7 +52,10 @@ struct DecodeArgs {
     float* act;          // workspace [T, act_row]
     int64_t act_row;     // floats per token: k · seg_r + seg_s
     int64_t seg_r;       // floats per routed segment
-    int jobs_per_token;  // k (+1 with a shared expert)
+    int jobs_per_token;  // k (+1 with a shared expert); launch 1 of one part: its jobs
+    // Launch 1 of one part (MoeDecodePart, 2-D grid): the first job it runs, 0 for the routed
+    // experts, k for the shared expert alone.
+    int job_base;
     // Launch 1's grid without blocks that have no rows (MoeDecodeConfig::gate_up_compact_grid):
     // per token, `both_blocks` row blocks of every job interleaved job by job (as the 2-D grid
     // orders them), then the row blocks only the wider side has (the shared expert's when it
@@ -303,7 +306,7 @@ __global__ void __launch_bounds__(max_decode_threads) decode_gate_up_kernel(Deco
                                    : unsigned(a.both_row_blocks) + rest / k;
     } else {  // grid (T · jobs, row blocks of the widest job)
         t = blockIdx.x / jobs;
-        j = int(blockIdx.x % jobs);
+        j = int(blockIdx.x % jobs) + a.job_base;
         row_block = blockIdx.y;
     }
     const bool shared = j == a.k;
@@ -757,17 +760,31 @@ void set_compact_grid(DecodeArgs& a, int64_t rows_per_block) {
     a.blocks_per_token = int(per_token);
 }
 
+// Launch 1 for `part`: every job (compact grid if configured), the routed experts alone or the
+// shared expert alone (2-D grids whose jobs all have the same rows, so no block is empty).
 template <bool VEC, int U, Fp8Convert CVT>
-void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
-    const int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
+void launch_gate_up(const DecodeArgs& a, const MoeDecodeConfig& cfg, MoeDecodePart part, bool pdl,
+                    cudaStream_t stream) {
+    DecodeArgs g = a;
+    int64_t max_rows = a.has_shared && a.sh_n_ff > a.n_ff ? a.sh_n_ff : a.n_ff;
+    if (part == MoeDecodePart::routed_gate_up) {
+        g.jobs_per_token = a.k;
+        g.compact = false;
+        max_rows = a.n_ff;
+    } else if (part == MoeDecodePart::shared_gate_up) {
+        g.jobs_per_token = 1;
+        g.job_base = a.k;
+        g.compact = false;
+        g.fetch = nullptr;  // reads no expert table
+        max_rows = a.sh_n_ff;
+    }
     {
         // Two row pairs with 8 loads in flight per row spill (the 128-register cap of 512
         // threads): unroll 8 keeps one.
         constexpr bool two_ok = VEC && U <= 4;
         const int warps = cfg.gate_up_warps, R = two_ok ? cfg.gate_up_rows_per_warp : 1;
         const int64_t rows_per_block = int64_t(warps) * R;
-        DecodeArgs g = a;
-        dim3 grid(unsigned(a.T * a.jobs_per_token),
+        dim3 grid(unsigned(a.T * g.jobs_per_token),
                   unsigned((max_rows + rows_per_block - 1) / rows_per_block));
         if (g.compact) {
             set_compact_grid(g, rows_per_block);
@@ -781,6 +798,11 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         allow_dynamic_smem(kernel, smem);
         launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, g);
     }
+}
+
+// Launch 2 (down): every job's activations, the shared expert's and the residual.
+template <bool VEC, int U, Fp8Convert CVT>
+void launch_down(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cudaStream_t stream) {
     if (VEC && cfg.down_rows_per_warp > 1 && a.k * cfg.down_rows_per_warp <= 32) {
         launch_down_tiled(a, cfg, pdl, stream);
         return;
@@ -793,6 +815,14 @@ void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, bool pdl, cu
         allow_dynamic_smem(kernel, smem);
         launch_maybe_dependent(kernel, grid, dim3(unsigned(warps * 32)), smem, stream, pdl, a);
     }
+}
+
+template <bool VEC, int U, Fp8Convert CVT>
+void launch_decode(const DecodeArgs& a, const MoeDecodeConfig& cfg, MoeDecodePart part, bool pdl,
+                   cudaStream_t stream) {
+    if (part != MoeDecodePart::down) launch_gate_up<VEC, U, CVT>(a, cfg, part, pdl, stream);
+    if (part == MoeDecodePart::all || part == MoeDecodePart::down)
+        launch_down<VEC, U, CVT>(a, cfg, pdl, stream);
 }
 
 int64_t seg_floats(int64_t n_ff) { return round_up(n_ff, 4); }
@@ -808,7 +838,8 @@ size_t decode_workspace_bytes(const MoeExpertsParams& p) {
     return size_t(p.n_tokens) * size_t(act_row_floats(p)) * sizeof(float);
 }
 
-void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaStream_t stream) {
+void decode_experts(const MoeExpertsParams& p, MoeDecodePart part, void* ws, size_t ws_bytes,
+                    cudaStream_t stream) {
     const auto& c = p.decode;
     if (p.k > max_decode_k)
         moe_fail("moe_experts (decode): k = " + std::to_string(p.k) + " (at most 32)");
@@ -835,7 +866,7 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
         size_t(act_row + c.down_warps * c.down_rows_per_warp) * 4 > max_smem_per_block)
         moe_fail("moe_experts (decode): n_embd " + std::to_string(D) + " or k · n_ff + shared " +
                  std::to_string(act_row) + " too large for shared memory");
-    if (p.n_tokens == 0) return;
+    if (p.n_tokens == 0 || (part == MoeDecodePart::shared_gate_up && !has_shared(p))) return;
 
     DecodeArgs a{};
     a.table = p.expert_table;
@@ -869,6 +900,7 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
     a.act_row = act_row;
     a.seg_r = seg_floats(p.layout.n_ff);
     a.jobs_per_token = p.k + (a.has_shared ? 1 : 0);
+    a.job_base = 0;
     a.warps_per_row = c.down_warps_per_row;
     a.compact = c.gate_up_compact_grid;  // its block counts: launch_decode, which knows R
     a.norm = p.rms_norm;
@@ -879,16 +911,16 @@ void decode_experts(const MoeExpertsParams& p, void* ws, size_t ws_bytes, cudaSt
 
     const bool bits = c.fp8_convert == Fp8Convert::bit_ops;
     if (!weights_vec_aligned(p)) {
-        launch_decode<false, 4, Fp8Convert::hardware>(a, c, p.pdl, stream);
+        launch_decode<false, 4, Fp8Convert::hardware>(a, c, part, p.pdl, stream);
     } else if (c.unroll == 2) {
-        bits ? launch_decode<true, 2, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
-             : launch_decode<true, 2, Fp8Convert::hardware>(a, c, p.pdl, stream);
+        bits ? launch_decode<true, 2, Fp8Convert::bit_ops>(a, c, part, p.pdl, stream)
+             : launch_decode<true, 2, Fp8Convert::hardware>(a, c, part, p.pdl, stream);
     } else if (c.unroll == 4) {
-        bits ? launch_decode<true, 4, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
-             : launch_decode<true, 4, Fp8Convert::hardware>(a, c, p.pdl, stream);
+        bits ? launch_decode<true, 4, Fp8Convert::bit_ops>(a, c, part, p.pdl, stream)
+             : launch_decode<true, 4, Fp8Convert::hardware>(a, c, part, p.pdl, stream);
     } else {
-        bits ? launch_decode<true, 8, Fp8Convert::bit_ops>(a, c, p.pdl, stream)
-             : launch_decode<true, 8, Fp8Convert::hardware>(a, c, p.pdl, stream);
+        bits ? launch_decode<true, 8, Fp8Convert::bit_ops>(a, c, part, p.pdl, stream)
+             : launch_decode<true, 8, Fp8Convert::hardware>(a, c, part, p.pdl, stream);
     }
 }
 
