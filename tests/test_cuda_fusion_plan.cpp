@@ -276,6 +276,10 @@ TEST_CASE("mgl cuda fusion switches from MINIDS_CUDA_FUSE (host only)") {
     CHECK((rf.route && rf.route_fetch && !rf.router_route));
     setenv("MINIDS_CUDA_FUSE", "all", 1);
     CHECK(!mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}).route_fetch);  // off by default
+    setenv("MINIDS_CUDA_FUSE", "norm,residual,route,mla_prep,prefetch_behind_misses,shared_beside",
+           1);
+    const mgl::cuda_fusions sb = mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{});
+    CHECK((sb.shared_beside && sb.prefetch_behind_misses && !sb.side_stream));
     setenv("MINIDS_CUDA_FUSE", "router", 1);
     CHECK_THROWS_AS(mgl::cuda::fusion_switches_from_env(mgl::cuda_fusions{}), mgl::error);
     if (old)
@@ -462,6 +466,29 @@ TEST_CASE("mgl cuda fusion planner (host only): the model's decode and prompt gr
                   0);
         }
         CHECK(f.n_route_fetch == 0);  // no expert fetch in this graph
+        // shared_beside (on by default): every MoE layer's shared expert at decode sizes, its
+        // gate/up after the FFN norm's step (with norm_moe, after the add that writes the norm's
+        // input); nothing at all with side_stream.
+        const bool has_shared = c.n_shared_experts && *c.n_shared_experts > 0;
+        for (const bool with_norm_moe : {false, true}) {
+            CAPTURE(with_norm_moe);
+            mgl::cuda_fusions sb;
+            sb.shared_beside = true;
+            sb.norm_moe = with_norm_moe;
+            const mgl::cuda::fusion_plan fs = mgl::cuda::plan_fusions(g, sb);
+            const size_t want = T <= 8 && has_shared ? size_t(n_moe) : 0;
+            if (!with_norm_moe) CHECK(f.shared_beside.size() == want);  // the defaults
+            CHECK(fs.shared_beside.size() == want);
+            CHECK(fs.shared_after.size() == want);
+            for (const auto& [writer, moe] : fs.shared_after) {
+                CHECK(moe->op_kind == mgl::op::moe_experts);
+                CHECK(writer->op_kind == (with_norm_moe ? mgl::op::add : mgl::op::rms_norm));
+            }
+            CHECK(simulate(g, fused_steps(g, fs), mgl::plan_allocation(g, 256, fs.also_reads)) ==
+                  0);
+            sb.side_stream = true;
+            CHECK(mgl::cuda::plan_fusions(g, sb).shared_beside.empty());
+        }
     }
 }
 

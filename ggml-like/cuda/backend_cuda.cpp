@@ -395,7 +395,10 @@ private:
         // The side stream's regions follow the main ones (launch_list).
         reserve(matmul_ws_,
                 p->launches.matmul_workspace_bytes + p->launches.side_matmul_workspace_bytes, true);
-        reserve(scratch_, p->launches.scratch_bytes + p->launches.side_scratch_bytes, false);
+        reserve(
+            scratch_,
+            p->launches.scratch_bytes + p->launches.side_scratch_bytes + p->launches.moe_act_bytes,
+            false);
         // Zeroed when allocated; each router_route launch leaves its counter at 0.
         if (p->launches.tickets)
             reserve(tickets_, p->launches.tickets * sizeof(unsigned int), true);
@@ -450,13 +453,23 @@ private:
         return e;
     }
 
+    // The plan's shared_beside region, after the main and side scratch (launch_list).
+    static exec_env with_moe_act(const graph_plan& p, exec_env e) {
+        e.moe_act = static_cast<char*>(e.scratch) + p.launches.scratch_bytes +
+                    p.launches.side_scratch_bytes;
+        e.moe_act_bytes = p.launches.moe_act_bytes;
+        return e;
+    }
+
     // Forks the side stream from the main one before a side step that follows main work, and
     // joins it before a main step marked join (and at the end), with events: the same calls
     // build the fork and join edges when the steps are being captured.
     class lanes {
     public:
         lanes(cuda_backend& b, const graph_plan& p, const exec_env& main)
-            : b_(b), main_(main), side_(p.launches.has_side ? b.side_environment(p, main) : main) {}
+            : b_(b),
+              main_(with_moe_act(p, main)),
+              side_(p.launches.has_side ? b.side_environment(p, main_) : main_) {}
         // The environment step s runs with, after any fork or join it needs.
         const exec_env& before(const launch_step& s) {
             if (s.side) {
@@ -472,7 +485,9 @@ private:
             if (s.join && side_pending_) {
                 join();
                 joined_ = main_;
-                joined_.pdl = false;  // it depends on the side stream too
+                // It depends on the side stream too: without PDL, unless the step reads nothing
+                // before its wait (launch_step::join_keeps_pdl).
+                joined_.pdl = s.join_keeps_pdl && main_.pdl;
                 return joined_;
             }
             return main_;

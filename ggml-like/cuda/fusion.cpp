@@ -29,7 +29,8 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
     if (!v || !*v) return on;
     const std::string s = v;
     if (s == "all" || s == "1") return on;
-    fusion_switches keep{false, false, false, false, false, false, false, false, false, false};
+    fusion_switches keep{false, false, false, false, false, false,
+                         false, false, false, false, false};
     if (s != "0" && s != "none") {
         for (const std::string& name : names_of(s)) {
             if (name == "norm") {
@@ -52,11 +53,13 @@ fusion_switches fusion_switches_from_env(fusion_switches on) {
                 keep.side_stream = true;
             } else if (name == "prefetch_behind_misses") {
                 keep.prefetch_behind_misses = true;
+            } else if (name == "shared_beside") {
+                keep.shared_beside = true;
             } else {
                 throw error("MINIDS_CUDA_FUSE: unknown fusion '" + name +
                             "' (expected 0, all, or a comma list of norm, norm_moe, norm_out, "
                             "residual, route, mla_prep, router_route, route_fetch, side_stream, "
-                            "prefetch_behind_misses)");
+                            "prefetch_behind_misses, shared_beside)");
             }
         }
     }
@@ -205,6 +208,7 @@ public:
         // Last: which steps run where depends on what runs in which step.
         if (on_.side_stream) find_side_branches();
         if (on_.prefetch_behind_misses) find_deferred_waits();
+        if (on_.shared_beside && !on_.side_stream) find_shared_beside();
         return std::move(p_);
     }
 
@@ -508,6 +512,27 @@ private:
         }
         // The backend joins at the end of the graph too.
         for (tensor* t : live) also_read(g_.nodes.back(), t);
+    }
+
+    // shared_beside: a moe_experts of at most decode_max_tokens rows (the decode path) with a
+    // shared expert, whose x (or, with the norm folded, the norm's input) a step of its own
+    // writes before it. The backend emits the shared expert's gate/up on the side stream right
+    // after that step and joins it before the down launch; nothing else needs to stay live,
+    // since that gate/up reads only x and weights and writes a region of its own.
+    void find_shared_beside() {
+        constexpr int64_t decode_max_tokens = 8;  // kernels::MoeExpertsParams's default
+        for (tensor* m : g_.nodes) {
+            // (m itself may be skipped: its step is the residual add's.)
+            if (m->op_kind != op::moe_experts || !m->src[4]) continue;
+            auto norm = p_.norm_of.find(m);
+            const tensor* x = norm == p_.norm_of.end() ? m->src[0] : norm->second->src[0];
+            while (x && x->op_kind == op::view) x = x->src[0];
+            if (!x || x->shape[0] > decode_max_tokens || !runs_step(x) ||
+                p_.shared_after.count(x) || step(x) >= step(m))
+                continue;
+            p_.shared_after[x] = m;
+            p_.shared_beside.insert(m);
+        }
     }
 
     // prefetch_behind_misses: a prefetch on the main stream whose `after` (src[5]) is the fetch of

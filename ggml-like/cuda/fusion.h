@@ -23,6 +23,10 @@
 //             reads (its routing prediction) run on a second stream, forked from the main one
 //             where they start and joined before the first later main step that reads them, is
 //             a fetch or a route step; their memory stays live until that join.
+//   shared_beside  (a schedule, off by default) a decode-sized moe_experts with a shared expert:
+//             the shared expert's gate/up runs on the side stream from right after the step
+//             that writes x, beside the router, the routing and any expert fetch; the down
+//             launch joins it.
 //   prefetch_behind_misses  (a schedule) without side_stream: a MoE layer's fetch followed by a
 //             prefetch before the layer's experts leaves its wait for the proxy's copies to that
 //             prefetch, which posts its requests behind the layer's first.
@@ -132,6 +136,11 @@ struct fusion_plan {
     // those prefetches (kernels::ExpertFetchParams::defer_wait / wait_for_layer).
     std::unordered_set<const tensor*> defers_wait;
     std::unordered_set<const tensor*> waits_for_layer;
+    // shared_beside: the step after which the shared expert's gate/up of a moe_experts is
+    // launched on the side stream (x's writer -> the moe_experts), and those moe_experts, whose
+    // own step then launches the routed experts' gate/up and, joined, the down launch.
+    std::unordered_map<const tensor*, const tensor*> shared_after;
+    std::unordered_set<const tensor*> shared_beside;
     int n_norm = 0, n_residual = 0, n_route = 0, n_mla_prep = 0, n_norm_out = 0;
     int n_router_route = 0;  // of n_route
     int n_route_fetch = 0;   // of n_route

@@ -538,8 +538,8 @@ launch_step router_route_step(const route_group& g, const tensor* norm, const te
             }};
 }
 
-launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
-                             const tensor* norm, size_t& scratch) {
+kn::MoeExpertsParams moe_experts_params(const tensor& n, const tensor* add, const tensor* residual,
+                                        const tensor* norm) {
     // With a folded rms_norm, x is the norm's input (its output is never computed).
     const tensor& x = norm ? *norm->src[0] : *n.src[0];
     const tensor& ids = *n.src[1];
@@ -581,19 +581,76 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
     if (precise().moe) p.grouped.tensor_cores = false;
     p.decode = moe_decode_config();
     p.grouped.kernel = moe_grouped_kernel();
-    scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
-    // The cache's state, when the table is an expert fetch's (its alias).
-    const tensor* fetched = beneath_views(n.src[3]);
-    const auto* fetch_state = fetched && fetched->op_kind == op::expert_fetch
-                                  ? static_cast<const expert_fetch_header*>(fetched->src[2]->data)
-                                  : nullptr;
+    return p;
+}
+
+// The cache's state, when the experts' table is an expert fetch's (its alias).
+const expert_fetch_header* fetch_state_of(const tensor& moe) {
+    const tensor* fetched = beneath_views(moe.src[3]);
+    return fetched && fetched->op_kind == op::expert_fetch
+               ? static_cast<const expert_fetch_header*>(fetched->src[2]->data)
+               : nullptr;
+}
+
+std::string moe_experts_what(const tensor* add, const tensor* norm) {
     std::string what = norm ? "moe_experts+norm" : "moe_experts";
-    if (add) what += "+add";
-    return {what, add ? add : &n, [p, fetch_state](const exec_env& env) {
+    return add ? what + "+add" : what;
+}
+
+launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
+                             const tensor* norm, size_t& scratch) {
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+    scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
+    return {moe_experts_what(add, norm), add ? add : &n,
+            [p, fetch_state = fetch_state_of(n)](const exec_env& env) {
                 kn::MoeExpertsParams q = with_pdl(p, env);
                 if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
                 kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
             }};
+}
+
+// shared_beside (fusion.h): the decode path in its three parts, all in the plan's region for
+// them (exec_env::moe_act), which no other step writes. The shared expert's gate/up, a side
+// step emitted right after the step that writes x; then, at the moe_experts' place, the routed
+// experts' gate/up (after a fetch as moe_experts_step's launch 1) and the down launch, which
+// joins the side stream and keeps PDL: its kernels wait before they read anything (pdl_enter).
+// Without PDL there, every expert a hit at 12 GiB measured 1.5 % slower (perf.md).
+launch_step moe_shared_gate_up_step(const tensor& n, const fusion_plan& f, size_t& act_bytes) {
+    auto ra = f.residual_add.find(&n);
+    const tensor* add = ra == f.residual_add.end() ? nullptr : ra->second;
+    const tensor* residual = add ? (add->src[0] == &n ? add->src[1] : add->src[0]) : nullptr;
+    auto nm = f.norm_of.find(&n);
+    const tensor* norm = nm == f.norm_of.end() ? nullptr : nm->second;
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+    act_bytes = std::max(act_bytes, kn::moe_experts_workspace_bytes(p));
+    launch_step st{"moe_experts(shared gate/up)", &n, [p](const exec_env& env) {
+                       kn::moe_decode_part(with_pdl(p, env), kn::MoeDecodePart::shared_gate_up,
+                                           env.moe_act, env.moe_act_bytes, env.stream);
+                   }};
+    st.side = true;
+    return st;
+}
+
+void push_moe_experts_beside(std::vector<launch_step>& out, const tensor& n, const tensor* add,
+                             const tensor* residual, const tensor* norm, size_t& act_bytes) {
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+    act_bytes = std::max(act_bytes, kn::moe_experts_workspace_bytes(p));
+    const std::string what = moe_experts_what(add, norm);
+    const tensor* at = add ? add : &n;
+    out.push_back(
+        {what + "(routed gate/up)", at, [p, fetch_state = fetch_state_of(n)](const exec_env& env) {
+             kn::MoeExpertsParams q = with_pdl(p, env);
+             if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
+             kn::moe_decode_part(q, kn::MoeDecodePart::routed_gate_up, env.moe_act,
+                                 env.moe_act_bytes, env.stream);
+         }});
+    launch_step down{what + "(down)", at, [p](const exec_env& env) {
+                         kn::moe_decode_part(with_pdl(p, env), kn::MoeDecodePart::down, env.moe_act,
+                                             env.moe_act_bytes, env.stream);
+                     }};
+    down.join = true;
+    down.join_keeps_pdl = true;
+    out.push_back(down);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -855,7 +912,7 @@ std::string cuda_unsupported_reason(const tensor& n) {
 
 launch_list build_launches(const graph& g, const fusion_plan& f, const launch_context& ctx) {
     launch_list out;
-    size_t scratch = 0;
+    size_t scratch = 0, act_bytes = 0;
     auto norm_of = [&](const tensor& consumer) -> const tensor* {
         auto it = f.norm_of.find(&consumer);
         return it == f.norm_of.end() ? nullptr : it->second;
@@ -896,6 +953,9 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
             const tensor* residual = n->src[0] == &product ? n->src[1] : n->src[0];
             if (product.op_kind == op::matmul) {
                 add_matmul(product, n);
+            } else if (f.shared_beside.count(&product)) {
+                push_moe_experts_beside(out.steps, product, n, residual, norm_of(product),
+                                        act_bytes);
             } else {
                 out.steps.push_back(
                     moe_experts_step(product, n, residual, norm_of(product), scratch));
@@ -928,7 +988,12 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(mla_attn_step(*n, scratch));
                 break;
             case op::moe_experts:
-                out.steps.push_back(moe_experts_step(*n, nullptr, nullptr, norm_of(*n), scratch));
+                if (f.shared_beside.count(n))
+                    push_moe_experts_beside(out.steps, *n, nullptr, nullptr, norm_of(*n),
+                                            act_bytes);
+                else
+                    out.steps.push_back(
+                        moe_experts_step(*n, nullptr, nullptr, norm_of(*n), scratch));
                 break;
             case op::concat:
                 out.steps.push_back(concat_step(*n));
@@ -953,11 +1018,16 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
             scratch = main_scratch;
             out.matmul_workspace_bytes = main_workspace;
         }
-        if (out.steps.size() == steps_before) continue;
-        launch_step& st = out.steps.back();
-        st.join = f.join_before.count(n) != 0;
-        st.side = side;
-        out.has_side = out.has_side || side;
+        if (out.steps.size() > steps_before) {
+            launch_step& st = out.steps.back();
+            st.join = st.join || f.join_before.count(n) != 0;
+            st.side = side;
+            out.has_side = out.has_side || side;
+        }
+        if (auto it = f.shared_after.find(n); it != f.shared_after.end()) {
+            out.steps.push_back(moe_shared_gate_up_step(*it->second, f, act_bytes));
+            out.has_side = true;
+        }
     }
     // Which launches follow an expert fetch's plan and copy on their stream (the side stream's
     // first launch after a fork follows an event, not a kernel: never).
@@ -970,6 +1040,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         if (!st.side) prev_side = nullptr;  // the next side launch follows a fork
     }
     out.scratch_bytes = align_up(scratch);
+    out.moe_act_bytes = align_up(act_bytes);
     out.side_scratch_bytes = align_up(side_scratch);
     out.side_matmul_workspace_bytes = align_up(side_workspace);
     return out;

@@ -35,6 +35,10 @@ struct exec_env {
     bool captured = false;
     // This launch follows an expert fetch's launch (launch_step::after_fetch).
     bool after_fetch = false;
+    // The MoE decode activations of the shared_beside steps (launch_list::moe_act_bytes), the
+    // same region on both streams.
+    void* moe_act = nullptr;
+    size_t moe_act_bytes = 0;
 };
 
 struct launch_step {
@@ -45,6 +49,10 @@ struct launch_step {
     // scratch and matmul workspace, and no PDL), or waits for the side stream before it runs.
     bool side = false;
     bool join = false;
+    // A joined step that still launches dependent (PDL): its kernels read and write nothing
+    // before their wait, which covers every kernel they depend on, programmatic or not (in a
+    // captured graph the side stream's last kernel may become a programmatic dependency too).
+    bool join_keeps_pdl = false;
     // The previous launch on its stream is an expert fetch's plan and copy (the layer's own or a
     // prefetch; not a staged one, nor a copy planned by its routing launch, which lets the next
     // kernel in before its plan is done): a MoE launch then starts the experts that no fill of
@@ -69,6 +77,9 @@ struct launch_list {
     // the main ones (each a multiple of 256 bytes).
     size_t side_matmul_workspace_bytes = 0;
     size_t side_scratch_bytes = 0;
+    // shared_beside's activations: after the side regions, written by a side step and read by
+    // main ones, so in neither stream's scratch (each a multiple of 256 bytes).
+    size_t moe_act_bytes = 0;
     bool has_side = false;
     size_t tickets = 0;  // router_route counters the steps use (exec_env::tickets)
 };

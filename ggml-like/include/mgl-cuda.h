@@ -84,6 +84,15 @@ struct cuda_fusions {
     // then queue on the link right behind the layer's misses, and its prediction and plan run
     // while those cross, instead of after they landed. Nothing changes without the proxy.
     bool prefetch_behind_misses = true;
+    // A schedule: a decode-sized moe_experts with a shared expert runs the shared expert's
+    // gate/up on a second stream, forked once x is written (the FFN norm), so it overlaps the
+    // router, the routing and an expert cache's fetch; the routed experts' gate/up follows the
+    // routing as before, and the down launch joins the two (kernels::moe_decode_part). Not with
+    // side_stream, whose prefetches would queue the shared expert behind their waits. On: every
+    // expert a hit at 12 GiB 474 -> 490 tok/s on the H200 (the plan and copy launches between
+    // routing and experts now overlap the shared expert's 23 MB), resident decode the same
+    // within noise (docs/perf.md, eighteenth session).
+    bool shared_beside = true;
 };
 
 struct cuda_options {
