@@ -822,12 +822,21 @@ TEST_CASE(
             const mgl::buffer_ptr arena = host->alloc_buffer(placed.arena_bytes);
             mgl::apply_plan(fg.g, placed, *arena);
             const mgl::cuda::launch_list launches = mgl::cuda::build_launches(g, *plan, no_rope);
-            int moe = 0, early = 0;
+            int moe = 0, early = 0, shared_side = 0;
             const mgl::cuda::launch_step* prev_main = nullptr;
             for (const mgl::cuda::launch_step& s : launches.steps) {
                 if (s.node && mgl::is_expert_prefetch(*s.node)) CHECK(s.side == (plan == &f));
+                if (s.side && s.what == "moe_experts(shared gate/up)") ++shared_side;
                 if (s.side) continue;
-                if (s.what.rfind("moe_experts", 0) == 0) {
+                // shared_beside (on without side_stream): the layer's down launch comes last,
+                // joined with the shared expert's gate/up on the side stream, and keeps PDL.
+                const bool down = s.what.size() > 6 && s.what.rfind("(down)") == s.what.size() - 6;
+                if (down) {
+                    CHECK(plan == &fs);
+                    CHECK((s.join && s.join_keeps_pdl && !s.after_fetch));
+                    REQUIRE(prev_main != nullptr);
+                    CHECK(prev_main->what.find("(routed gate/up)") != std::string::npos);
+                } else if (s.what.rfind("moe_experts", 0) == 0) {
                     ++moe;
                     early += s.after_fetch ? 1 : 0;
                     REQUIRE(prev_main != nullptr);
@@ -838,6 +847,7 @@ TEST_CASE(
                 prev_main = &s;
             }
             CHECK(moe == n_moe);
+            CHECK(shared_side == (plan == &fs ? n_moe : 0));
             // Without route_fetch every layer's experts follow a fetch or prefetch launch.
             if (route_fetch) {
                 CHECK(early < n_moe);
