@@ -283,9 +283,11 @@ public:
     }
 
     // compute() captures and launches, or replays, a reusable graph once it has run eagerly
-    // (the warm-up); the same conditions as there.
+    // (the warm-up); the same conditions as there. Not while profiling (MINIDS_CUDA_PROFILE):
+    // compute() then waits for the replay to read its timing events, so nothing the host would
+    // write after the launch (an expert cache's victims) could come before the step needs it.
     bool launches_whole(const graph& g) const override {
-        if (!g.reusable || !graphs_ || sync_each_) return false;
+        if (!g.reusable || !graphs_ || sync_each_ || profile_) return false;
         auto it = plans_.find(g.version);
         return it != plans_.end() && it->second->warmed_up;
     }
