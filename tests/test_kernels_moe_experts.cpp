@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -46,6 +47,9 @@ struct Case {
     kernels::MoeDecodeConfig decode;
     kernels::MoeGroupedConfig grouped;
     uint64_t seed = 1;
+    // The decode path in its three parts (moe_decode_part): the shared expert's gate/up on a
+    // second stream forked before the routed experts' gate/up and joined before the down launch.
+    bool parts = false;
 
     std::string describe() const {
         std::ostringstream s;
@@ -72,8 +76,9 @@ std::shared_ptr<moe_test::ExpertBank> bank_for(mgl::dtype type, int64_t E, int64
     return cache.get(type, E, D, F);
 }
 
-// Runs one case; returns the relative L2 error against the reference (checks finiteness).
-double run_case(const Case& c) {
+// Runs one case; returns the relative L2 error against the reference (checks finiteness) and,
+// when `out` is given, the outputs.
+double run_case(const Case& c, std::vector<float>* out = nullptr) {
     const auto bank = bank_for(c.type, c.E, c.D, c.F);
     std::unique_ptr<moe_test::SharedExpert> shared;
     if (c.shared)
@@ -134,9 +139,33 @@ double run_case(const Case& c) {
         p.norm_eps = eps;
     }
     DeviceBuffer ws(kernels::moe_experts_workspace_bytes(p));  // NaN-poisoned
-    kernels::moe_experts(p, ws.ptr, ws.bytes, nullptr);
+    if (c.parts) {
+        cudaStream_t main_s = nullptr, side_s = nullptr;
+        cudaEvent_t fork = nullptr, join = nullptr;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_s, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(fork, main_s));
+        CUDA_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+        kernels::moe_decode_part(p, kernels::MoeDecodePart::shared_gate_up, ws.ptr, ws.bytes,
+                                 side_s);
+        kernels::moe_decode_part(p, kernels::MoeDecodePart::routed_gate_up, ws.ptr, ws.bytes,
+                                 main_s);
+        CUDA_CHECK(cudaEventRecord(join, side_s));
+        CUDA_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+        kernels::moe_decode_part(p, kernels::MoeDecodePart::down, ws.ptr, ws.bytes, main_s);
+        CUDA_CHECK(cudaStreamSynchronize(main_s));
+        CUDA_CHECK(cudaEventDestroy(fork));
+        CUDA_CHECK(cudaEventDestroy(join));
+        CUDA_CHECK(cudaStreamDestroy(main_s));
+        CUDA_CHECK(cudaStreamDestroy(side_s));
+    } else {
+        kernels::moe_experts(p, ws.ptr, ws.bytes, nullptr);
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = (c.in_place ? dres : dout).download<float>();
+    if (out) *out = got;
     const auto want = moe_test::reference_moe(
         *bank, routing, c.k, x_ref, x_stride, c.T, shared ? &shared->mlp : nullptr,
         c.residual || c.in_place ? &residual : nullptr, c.check_every);
@@ -246,6 +275,53 @@ TEST_CASE("cuda moe decode: folded RMSNorm, every dtype and norm weight, T 1..3,
     grouped.T = 20;
     grouped.path = MoePath::grouped;
     CHECK_THROWS_WITH_AS(run_case(grouped), doctest::Contains("decode path only"), mgl::error);
+}
+
+TEST_CASE("cuda moe decode in three parts (moe_decode_part): the bits of moe_experts" *
+          doctest::skip(no_gpu)) {
+    // The shared expert's gate/up on its own stream, then the routed experts' gate/up and the
+    // down launch: every dtype, with and without a shared expert, residual and folded norm, T up
+    // to the decode path's 8, both launch-1 grids of the one-launch path, V2-Lite's shapes.
+    uint64_t seed = 900;
+    auto same_bits = [](Case c) {
+        std::vector<float> whole, parts;
+        c.parts = false;
+        const double e_whole = run_case(c, &whole);
+        c.parts = true;
+        const double e_parts = run_case(c, &parts);
+        INFO(c.describe());
+        INFO("relative L2: one launch pair " << e_whole << ", three parts " << e_parts);
+        CHECK(e_parts < 1e-5);
+        REQUIRE(whole.size() == parts.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < whole.size(); ++i)
+            differ += std::memcmp(&whole[i], &parts[i], sizeof(float)) != 0 ? 1 : 0;
+        CHECK(differ == 0);
+    };
+    for (mgl::dtype type : all_types)
+        for (bool shared : {false, true})
+            for (bool norm : {false, true})
+                for (int64_t T : {1, 3, 8}) {
+                    Case c;
+                    c.type = type;
+                    c.shared = shared;
+                    c.shared_type = type == mgl::dtype::f32 ? mgl::dtype::f32 : mgl::dtype::bf16;
+                    c.residual = true;
+                    c.norm = norm;
+                    c.T = T;
+                    c.path = MoePath::decode;
+                    c.seed = ++seed;
+                    same_bits(c);
+                }
+    Case compact_off;
+    compact_off.shared = true;
+    compact_off.decode.gate_up_compact_grid = false;
+    compact_off.path = MoePath::decode;
+    compact_off.seed = ++seed;
+    same_bits(compact_off);
+    Case lite = v2_lite_case(mgl::dtype::f8_e4m3, 64);
+    lite.seed = ++seed;
+    same_bits(lite);
 }
 
 TEST_CASE("cuda moe decode: E x k grid, model shapes, odd shapes, strides, in-place residual" *
