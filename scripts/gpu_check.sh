@@ -130,7 +130,8 @@ demo_compare() {
 demo_run demo_gpu --cache-type-k f32
 demo_run demo_cpu --cpu
 say "demo model greedy 48 tokens, GPU vs CPU: $(demo_compare demo_gpu demo_cpu); GPU: $(grep -o '[0-9.]* tok/s' "$OUT/demo_gpu.log" | tail -1)"
-FUSE_NORM_OUT="norm,residual,route,mla_prep,norm_out"
+# The defaults (ggml-like/include/mgl-cuda.h) plus norm_out, so the A/B differs in that alone.
+FUSE_NORM_OUT="norm,residual,route,mla_prep,prefetch_behind_misses,shared_beside,norm_out"
 FUSE_ROUTER="$FUSE_NORM_OUT,router_route"
 if [[ $NORM_OUT == 1 ]]; then
     for pair in "norm_out:$FUSE_NORM_OUT" "norm_out+router_route:$FUSE_ROUTER"; do
