@@ -520,7 +520,8 @@ private:
     // after that step and joins it before the down launch; nothing else needs to stay live,
     // since that gate/up reads only x and weights and writes a region of its own.
     void find_shared_beside() {
-        constexpr int64_t decode_max_tokens = 8;  // kernels::MoeExpertsParams's default
+        // The rows below which moe_experts takes the decode path (the backend keeps the default).
+        const int64_t decode_max_tokens = minids::kernels::MoeExpertsParams{}.decode_max_tokens;
         for (tensor* m : g_.nodes) {
             // (m itself may be skipped: its step is the residual add's.)
             if (m->op_kind != op::moe_experts || !m->src[4]) continue;

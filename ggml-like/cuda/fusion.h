@@ -23,7 +23,7 @@
 //             reads (its routing prediction) run on a second stream, forked from the main one
 //             where they start and joined before the first later main step that reads them, is
 //             a fetch or a route step; their memory stays live until that join.
-//   shared_beside  (a schedule, off by default) a decode-sized moe_experts with a shared expert:
+//   shared_beside  (a schedule, on by default) a decode-sized moe_experts with a shared expert:
 //             the shared expert's gate/up runs on the side stream from right after the step
 //             that writes x, beside the router, the routing and any expert fetch; the down
 //             launch joins it.

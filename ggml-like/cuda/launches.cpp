@@ -112,6 +112,12 @@ const tensor* beneath_views(const tensor* t) {
     return t;
 }
 
+// The residual of a residual epilogue: the add's operand that is not the product (null: no add).
+const tensor* residual_of(const tensor* add, const tensor& product) {
+    if (!add) return nullptr;
+    return add->src[0] == &product ? add->src[1] : add->src[0];
+}
+
 // Whether t (null: no tensor) is caller data, a leaf or a view of one, rather than the output of
 // a node. rms_norm and mla_prep read their norm weight before their PDL wait, so they launch
 // dependent only when the weight is such data (a weight a node computes could still be in flight).
@@ -597,15 +603,24 @@ std::string moe_experts_what(const tensor* add, const tensor* norm) {
     return add ? what + "+add" : what;
 }
 
-launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* residual,
-                             const tensor* norm, size_t& scratch) {
-    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+// The parameters of the launch that starts the experts: right after a fetch's launch, its blocks
+// may start on the experts no fill of the step wrote (MINIDS_MOE_HITS).
+kn::MoeExpertsParams experts_launch_params(const kn::MoeExpertsParams& p,
+                                           const expert_fetch_header* fetch_state,
+                                           const exec_env& env) {
+    kn::MoeExpertsParams q = with_pdl(p, env);
+    if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
+    return q;
+}
+
+launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* norm,
+                             size_t& scratch) {
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual_of(add, n), norm);
     scratch = std::max(scratch, kn::moe_experts_workspace_bytes(p));
     return {moe_experts_what(add, norm), add ? add : &n,
             [p, fetch_state = fetch_state_of(n)](const exec_env& env) {
-                kn::MoeExpertsParams q = with_pdl(p, env);
-                if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
-                kn::moe_experts(q, env.scratch, env.scratch_bytes, env.stream);
+                kn::moe_experts(experts_launch_params(p, fetch_state, env), env.scratch,
+                                env.scratch_bytes, env.stream);
             }};
 }
 
@@ -615,13 +630,9 @@ launch_step moe_experts_step(const tensor& n, const tensor* add, const tensor* r
 // experts' gate/up (after a fetch as moe_experts_step's launch 1) and the down launch, which
 // joins the side stream and keeps PDL: its kernels wait before they read anything (pdl_enter).
 // Without PDL there, every expert a hit at 12 GiB measured 1.5 % slower (perf.md).
-launch_step moe_shared_gate_up_step(const tensor& n, const fusion_plan& f, size_t& act_bytes) {
-    auto ra = f.residual_add.find(&n);
-    const tensor* add = ra == f.residual_add.end() ? nullptr : ra->second;
-    const tensor* residual = add ? (add->src[0] == &n ? add->src[1] : add->src[0]) : nullptr;
-    auto nm = f.norm_of.find(&n);
-    const tensor* norm = nm == f.norm_of.end() ? nullptr : nm->second;
-    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+launch_step moe_shared_gate_up_step(const tensor& n, const tensor* add, const tensor* norm,
+                                    size_t& act_bytes) {
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual_of(add, n), norm);
     act_bytes = std::max(act_bytes, kn::moe_experts_workspace_bytes(p));
     launch_step st{"moe_experts(shared gate/up)", &n, [p](const exec_env& env) {
                        kn::moe_decode_part(with_pdl(p, env), kn::MoeDecodePart::shared_gate_up,
@@ -632,17 +643,16 @@ launch_step moe_shared_gate_up_step(const tensor& n, const fusion_plan& f, size_
 }
 
 void push_moe_experts_beside(std::vector<launch_step>& out, const tensor& n, const tensor* add,
-                             const tensor* residual, const tensor* norm, size_t& act_bytes) {
-    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual, norm);
+                             const tensor* norm, size_t& act_bytes) {
+    const kn::MoeExpertsParams p = moe_experts_params(n, add, residual_of(add, n), norm);
     act_bytes = std::max(act_bytes, kn::moe_experts_workspace_bytes(p));
     const std::string what = moe_experts_what(add, norm);
     const tensor* at = add ? add : &n;
     out.push_back(
         {what + "(routed gate/up)", at, [p, fetch_state = fetch_state_of(n)](const exec_env& env) {
-             kn::MoeExpertsParams q = with_pdl(p, env);
-             if (env.after_fetch && hits_before_fetch()) q.fetch_state = fetch_state;
-             kn::moe_decode_part(q, kn::MoeDecodePart::routed_gate_up, env.moe_act,
-                                 env.moe_act_bytes, env.stream);
+             kn::moe_decode_part(experts_launch_params(p, fetch_state, env),
+                                 kn::MoeDecodePart::routed_gate_up, env.moe_act, env.moe_act_bytes,
+                                 env.stream);
          }});
     launch_step down{what + "(down)", at, [p](const exec_env& env) {
                          kn::moe_decode_part(with_pdl(p, env), kn::MoeDecodePart::down, env.moe_act,
@@ -919,8 +929,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
     };
     auto add_matmul = [&](const tensor& mm, const tensor* add) {
         const tensor* norm = norm_of(mm);
-        const tensor* residual = nullptr;
-        if (add) residual = add->src[0] == &mm ? add->src[1] : add->src[0];
+        const tensor* residual = residual_of(add, mm);
         auto wn = f.writes_norm.find(&mm);
         const tensor* norm_out = wn == f.writes_norm.end() ? nullptr : wn->second;
         auto L = std::make_shared<matmul_launch>(plan_matmul(mm, norm, add, residual, norm_out));
@@ -930,6 +939,13 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         if (norm) what += norm_out ? "+norm(out)" : "+norm";
         if (add) what += "+add";
         out.steps.push_back({what, add ? add : &mm, [L](const exec_env& env) { L->run(env); }});
+    };
+    // A moe_experts (with its residual add, if fused): one step, or shared_beside's two.
+    auto add_moe = [&](const tensor& m, const tensor* add) {
+        if (f.shared_beside.count(&m))
+            push_moe_experts_beside(out.steps, m, add, norm_of(m), act_bytes);
+        else
+            out.steps.push_back(moe_experts_step(m, add, norm_of(m), scratch));
     };
     // The step (if any) node n runs as; `scratch` grows to what it needs.
     auto emit_step = [&](tensor* n) {
@@ -950,16 +966,10 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
         }
         if (auto it = f.producer_of.find(n); it != f.producer_of.end()) {
             const tensor& product = *it->second;
-            const tensor* residual = n->src[0] == &product ? n->src[1] : n->src[0];
-            if (product.op_kind == op::matmul) {
+            if (product.op_kind == op::matmul)
                 add_matmul(product, n);
-            } else if (f.shared_beside.count(&product)) {
-                push_moe_experts_beside(out.steps, product, n, residual, norm_of(product),
-                                        act_bytes);
-            } else {
-                out.steps.push_back(
-                    moe_experts_step(product, n, residual, norm_of(product), scratch));
-            }
+            else
+                add_moe(product, n);
             return;
         }
         switch (n->op_kind) {
@@ -988,12 +998,7 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
                 out.steps.push_back(mla_attn_step(*n, scratch));
                 break;
             case op::moe_experts:
-                if (f.shared_beside.count(n))
-                    push_moe_experts_beside(out.steps, *n, nullptr, nullptr, norm_of(*n),
-                                            act_bytes);
-                else
-                    out.steps.push_back(
-                        moe_experts_step(*n, nullptr, nullptr, norm_of(*n), scratch));
+                add_moe(*n, nullptr);
                 break;
             case op::concat:
                 out.steps.push_back(concat_step(*n));
@@ -1025,7 +1030,10 @@ launch_list build_launches(const graph& g, const fusion_plan& f, const launch_co
             out.has_side = out.has_side || side;
         }
         if (auto it = f.shared_after.find(n); it != f.shared_after.end()) {
-            out.steps.push_back(moe_shared_gate_up_step(*it->second, f, act_bytes));
+            const tensor& m = *it->second;
+            auto ra = f.residual_add.find(&m);
+            const tensor* add = ra == f.residual_add.end() ? nullptr : ra->second;
+            out.steps.push_back(moe_shared_gate_up_step(m, add, norm_of(m), act_bytes));
             out.has_side = true;
         }
     }
