@@ -99,14 +99,23 @@ size_t moe_experts_workspace_bytes(const MoeExpertsParams& p) {
                                                    : grouped_workspace_bytes(p);
 }
 
+namespace {
+
+// What every launching entry point checks beyond the shapes: the data pointers (which matter only
+// for a launch; a workspace query needs shapes alone) and the workspace's alignment.
+void check_launch(const MoeExpertsParams& p, const void* workspace, const char* who) {
+    check_experts_params(p);
+    if (!p.ids || !p.weights || !p.x || !p.out)
+        moe_fail(std::string(who) + ": ids, weights, x and out are required");
+    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+        moe_fail(std::string(who) + ": workspace must be 256-byte aligned");
+}
+
+}  // namespace
+
 void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream) {
-    check_experts_params(p);
-    // The data pointers matter only for a launch (a workspace query needs shapes alone).
-    if (!p.ids || !p.weights || !p.x || !p.out)
-        moe_fail("moe_experts: ids, weights, x and out are required");
-    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-        moe_fail("moe_experts: workspace must be 256-byte aligned");
+    check_launch(p, workspace, "moe_experts");
     if (moe_resolved_path(p) == MoePath::decode) {
         decode_experts(p, MoeDecodePart::all, workspace, workspace_bytes, stream);
     } else if (p.rms_norm) {
@@ -119,27 +128,19 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, size_t workspace_by
 
 void moe_decode_part(const MoeExpertsParams& p, MoeDecodePart part, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream) {
-    check_experts_params(p);
-    if (!p.ids || !p.weights || !p.x || !p.out)
-        moe_fail("moe_decode_part: ids, weights, x and out are required");
+    check_launch(p, workspace, "moe_decode_part");
     if (moe_resolved_path(p) != MoePath::decode)
         moe_fail("moe_decode_part: the parameters take the grouped path (" +
                  std::to_string(p.n_tokens) + " tokens)");
-    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-        moe_fail("moe_decode_part: workspace must be 256-byte aligned");
     decode_experts(p, part, workspace, workspace_bytes, stream);
 }
 
 void moe_grouped_stage(const MoeExpertsParams& p, MoeGroupedStage stage, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream) {
-    check_experts_params(p);
-    if (!p.ids || !p.weights || !p.x || !p.out)
-        moe_fail("moe_grouped_stage: ids, weights, x and out are required");
+    check_launch(p, workspace, "moe_grouped_stage");
     if (moe_resolved_path(p) != MoePath::grouped || p.rms_norm)
         moe_fail("moe_grouped_stage: the parameters take the decode path (" +
                  std::to_string(p.n_tokens) + " tokens)");
-    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-        moe_fail("moe_grouped_stage: workspace must be 256-byte aligned");
     grouped_stage(p, stage, workspace, workspace_bytes, stream);
 }
 
